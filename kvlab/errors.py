@@ -1,0 +1,32 @@
+"""Errors kvlab raises for bad input. Every message names the file, line and field where known."""
+
+from __future__ import annotations
+
+
+class KvlabError(Exception):
+    """Base class of kvlab's own errors."""
+
+
+class TraceFormatError(KvlabError, ValueError):
+    """A trace file is malformed. Carries ``path``, ``line`` (1-based, or None) and ``field`` (or None)."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, message: str) -> None:
+        self.path, self.line, self.field, self.message = str(path), line, field, message
+        where = str(path)
+        if line is not None:
+            where += f":{line}"
+        if field is not None:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class ConfigError(KvlabError, ValueError):
+    """A configuration value is invalid (names the option)."""
+
+
+class CapacityError(KvlabError, RuntimeError):
+    """The cache cannot satisfy an operation (e.g. reset while requests run)."""
+
+
+class DownloadError(KvlabError, RuntimeError):
+    """A public trace could not be fetched (offline, checksum mismatch, unknown name)."""
