@@ -1,0 +1,27 @@
+"""What a policy is told about an access (the context of DESIGN.md's policy events)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class AccessContext:
+    """The request-level context of a cache event.
+
+    ``time`` is in seconds (trace time in the replay and simulator, wall time in the engine);
+    ``seq`` is a logical clock: the index of the request in the driver's admission order.
+    ``prompt_tokens`` is the request's prompt length in tokens. The block index in the request is
+    the block's own ``position``.
+    """
+
+    time: float = 0.0
+    seq: int = 0
+    request_id: int = -1
+    tenant: str | None = None
+    category: str | None = None
+    turn: int = -1
+    prompt_tokens: int = 0
+
+
+NO_CONTEXT = AccessContext()

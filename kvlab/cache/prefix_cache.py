@@ -1,0 +1,265 @@
+"""The prefix-cache core shared by all drivers: block pool, key index, ref counts, one eviction policy.
+
+Semantics follow vLLM v1 automatic prefix caching (DESIGN.md):
+
+* Every block is in exactly one state: *running* (``ref_cnt > 0``), *evictable* (``ref_cnt == 0`` with
+  a key; ordered by the policy) or *free* (``ref_cnt == 0`` without a key; in the free queue).
+* The free queue starts in block-id order; allocation takes a free block from its front, and only
+  when it is empty asks the policy for a victim, whose key is then evicted. (vLLM keeps both kinds in
+  one queue whose unkeyed blocks always precede the keyed ones, so this is the same order.)
+* ``release`` walks a request's blocks tail first; a block reaching ref count 0 with a key becomes
+  evictable, one without a key goes to the *front* of the free queue.
+* The index maps a key to the blocks holding it, oldest first; lookup returns the oldest. Identical
+  content may sit in two blocks; evicting one leaves the other findable.
+* Lookup walks keys in order and stops at the first miss. ``admit`` caps hits at ``prompt_len - 1``
+  tokens (mode ``vllm``) and admits a request only if its new blocks fit in the free blocks minus its
+  own evictable hits; a request that does not fit changes nothing.
+
+Units: capacities and counts in blocks; ``block_size`` in tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from kvlab.cache.block import KVBlock
+from kvlab.cache.context import NO_CONTEXT, AccessContext
+from kvlab.errors import CapacityError, ConfigError
+from kvlab.policies import EvictionPolicy, make_policy
+
+COUNTING_MODES = ("vllm", "ideal")
+
+
+@dataclass(slots=True)
+class Admission:
+    """What ``admit`` did for one request. ``blocks`` = hit blocks then new blocks, in prompt order."""
+
+    blocks: list[KVBlock]
+    hit_blocks: int
+    new_blocks: int
+    evictions: int
+    collisions: int = 0
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Running totals since construction or ``reset`` (blocks)."""
+
+    evictions: int = 0
+    inserts: int = 0
+    hits: int = 0
+    collisions: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class PrefixCache:
+    """A pool of ``num_blocks`` usable KV blocks with a key index and one eviction policy."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        policy: str | EvictionPolicy = "lru",
+        *,
+        block_size: int = 16,
+        policy_params: dict | None = None,
+    ) -> None:
+        if num_blocks <= 0:
+            raise ConfigError(f"capacity must be >= 1 block, got {num_blocks}")
+        if block_size <= 0:
+            raise ConfigError(f"block_size must be >= 1 token, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.policy = make_policy(policy, **(policy_params or {}))
+        self._free: deque[KVBlock] = deque(self.blocks)
+        self._index: dict[Hashable, dict[int, KVBlock]] = {}
+        self._cached = 0  # blocks holding a key (running or evictable)
+        self.stats = CacheStats()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now: free plus evictable."""
+        return len(self._free) + len(self.policy)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.policy)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks holding a key, running or evictable."""
+        return self._cached
+
+    @property
+    def num_running_blocks(self) -> int:
+        return self.num_blocks - len(self._free) - len(self.policy)
+
+    def get(self, key: Hashable) -> KVBlock | None:
+        """The oldest block holding ``key``, or None."""
+        held = self._index.get(key)
+        return next(iter(held.values())) if held else None
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._index
+
+    # ------------------------------------------------------------------ primitives
+    def lookup(
+        self, keys: Sequence[Hashable], max_blocks: int | None = None, truths: Sequence | None = None
+    ) -> tuple[list[KVBlock], int]:
+        """Blocks of the longest cached prefix of ``keys`` (at most ``max_blocks``); no side effects.
+
+        With ``truths`` (verify mode) a key match whose block holds a different truth is a collision:
+        it counts as a miss and the walk stops. Returns ``(blocks, collisions)``.
+        """
+        hits: list[KVBlock] = []
+        limit = len(keys) if max_blocks is None else min(max_blocks, len(keys))
+        index = self._index
+        for i in range(limit):
+            held = index.get(keys[i])
+            if not held:
+                break
+            block = next(iter(held.values()))
+            if truths is not None and block.truth != truths[i]:
+                return hits, 1
+            hits.append(block)
+        return hits, 0
+
+    def can_allocate(self, num_new: int, hits: Sequence[KVBlock] = ()) -> bool:
+        """Whether ``num_new`` blocks fit beside ``hits`` (whose evictable ones will be pinned first)."""
+        evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
+        return num_new <= self.num_free_blocks - evictable_hits
+
+    def touch(self, blocks: Sequence[KVBlock], ctx: AccessContext = NO_CONTEXT) -> None:
+        """Count a hit on each block and pin it (ref count + 1), taking it out of the evictable set."""
+        policy = self.policy
+        for block in blocks:
+            policy.on_hit(block, ctx)
+            if block.ref_cnt == 0:
+                policy.on_pin(block, ctx)
+            block.ref_cnt += 1
+        self.stats.hits += len(blocks)
+
+    def allocate(self, num: int, ctx: AccessContext = NO_CONTEXT) -> tuple[list[KVBlock], int]:
+        """Take ``num`` blocks (ref count 1, no key): free ones first, then policy victims.
+
+        Returns ``(blocks, evictions)``. Raises CapacityError (changing nothing) if they do not fit.
+        """
+        if num > self.num_free_blocks:
+            raise CapacityError(f"cannot allocate {num} blocks: {self.num_free_blocks} free or evictable")
+        out: list[KVBlock] = []
+        evicted = 0
+        free, policy = self._free, self.policy
+        for _ in range(num):
+            if free:
+                block = free.popleft()
+            else:
+                block = policy.victim()
+                policy.on_evict(block)
+                self._drop_key(block)
+                evicted += 1
+            block.ref_cnt = 1
+            out.append(block)
+        self.stats.evictions += evicted
+        return out, evicted
+
+    def cache_block(
+        self,
+        block: KVBlock,
+        key: Hashable,
+        position: int,
+        ctx: AccessContext = NO_CONTEXT,
+        *,
+        parent: Hashable | None = None,
+        truth: Hashable | None = None,
+    ) -> None:
+        """Give a full, computed, pinned block its key: it becomes findable. Duplicates are kept."""
+        if block.key is not None:
+            raise CapacityError(f"block {block.block_id} already holds a key")
+        block.key, block.position, block.parent, block.truth = key, position, parent, truth
+        held = self._index.get(key)
+        if held is None:
+            self._index[key] = {block.block_id: block}
+        else:
+            held[block.block_id] = block
+        self._cached += 1
+        self.stats.inserts += 1
+        self.policy.on_insert(block, ctx)
+
+    def release(self, blocks: Sequence[KVBlock], ctx: AccessContext = NO_CONTEXT) -> None:
+        """Drop one reference to each block, tail first (``blocks`` in prompt order)."""
+        policy, free = self.policy, self._free
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt < 0:
+                raise CapacityError(f"block {block.block_id} released more often than taken")
+            if block.ref_cnt == 0:
+                if block.key is not None:
+                    policy.on_unpin(block, ctx)
+                else:
+                    free.appendleft(block)
+
+    def reset(self) -> None:
+        """Drop every cached key. Allowed only while no block is in use (vLLM: reset_prefix_cache)."""
+        if self.num_running_blocks:
+            raise CapacityError(f"cannot reset: {self.num_running_blocks} blocks are in use")
+        for held in list(self._index.values()):
+            for block in list(held.values()):
+                self.policy.on_remove(block)
+                self._drop_key(block)
+        self._free = deque(self.blocks)
+        self.stats = CacheStats()
+
+    def _drop_key(self, block: KVBlock) -> None:
+        held = self._index[block.key]
+        del held[block.block_id]
+        if not held:
+            del self._index[block.key]
+        block.clear_key()
+        self._cached -= 1
+
+    # ------------------------------------------------------------------ request level
+    def max_hit_blocks(self, prompt_tokens: int, num_full: int, mode: str = "vllm") -> int:
+        """Most blocks a lookup may hit: all full blocks (``ideal``) or ``(prompt_len - 1) // block_size``."""
+        if mode == "ideal":
+            return num_full
+        if mode != "vllm":
+            raise ConfigError(f"counting mode must be one of {COUNTING_MODES}, got {mode!r}")
+        return min(num_full, max(prompt_tokens - 1, 0) // self.block_size)
+
+    def admit(
+        self,
+        keys: Sequence[Hashable],
+        prompt_tokens: int,
+        ctx: AccessContext = NO_CONTEXT,
+        *,
+        mode: str = "vllm",
+        truths: Sequence | None = None,
+    ) -> Admission | None:
+        """Look up, pin and allocate a whole prompt (keys = its full blocks' keys, in order).
+
+        Full new blocks get their keys at once (the prompt is computed); the partial last block stays
+        unkeyed. Returns None and changes nothing if the request does not fit.
+        """
+        num_total = -(-prompt_tokens // self.block_size)
+        hits, collisions = self.lookup(keys, self.max_hit_blocks(prompt_tokens, len(keys), mode), truths)
+        num_new = num_total - len(hits)
+        if not self.can_allocate(num_new, hits):
+            return None
+        self.touch(hits, ctx)
+        new, evicted = self.allocate(num_new, ctx)
+        h = len(hits)
+        for j, block in enumerate(new[: len(keys) - h]):
+            pos = h + j
+            self.cache_block(
+                block,
+                keys[pos],
+                pos,
+                ctx,
+                parent=keys[pos - 1] if pos else None,
+                truth=None if truths is None else truths[pos],
+            )
+        self.stats.collisions += collisions
+        return Admission(hits + new, h, num_new, evicted, collisions)

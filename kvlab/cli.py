@@ -1,0 +1,167 @@
+"""The ``kvlab`` command line: trace statistics, replays, sweeps, downloads and the embedded demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvlab.errors import KvlabError
+
+FORMATS = ("mooncake", "alibaba", "jsonl", "parquet")
+
+
+def _load(args: argparse.Namespace):
+    from kvlab.workload import load_trace
+
+    workload = load_trace(args.trace, format=args.format)
+    if getattr(args, "limit", None):
+        workload = workload.head(args.limit)
+    return workload
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    from kvlab.stats import trace_stats
+
+    workload = _load(args)
+    stats = trace_stats(workload, block_size=args.block_size, hash_scheme=args.hash)
+    width = max(len(k) for k in stats)
+    for key, value in stats.items():
+        text = f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
+        print(f"{key:<{width}}  {text}")
+    return 0
+
+
+def _replay_configs(args: argparse.Namespace):
+    from kvlab.sweep import grid
+
+    return grid(
+        args.capacity_blocks,
+        policies=args.policy,
+        modes=args.mode,
+        block_size=args.block_size,
+        hash=args.hash,
+        root_seed=args.root_seed,
+        engine=args.engine,
+        verify=args.verify,
+        seed=args.seed,
+    )
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kvlab.replay import replay
+    from kvlab.sweep import run_sweep
+
+    workload = _load(args)
+    configs = _replay_configs(args)
+    if len(configs) == 1:
+        result = replay(workload, configs[0], progress=not args.quiet)
+        if args.out:
+            result.save(args.out)
+        _print_summary([result.summary])
+    else:
+        table = run_sweep(workload, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
+        _print_summary(table.to_dict("records"))
+    if args.out:
+        print(f"results written to {args.out}")
+    return 0
+
+
+def _print_summary(rows: list[dict]) -> None:
+    cols = ["policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
+            "ideal_hit_rate", "evictions", "replay_seconds"]
+    print("  ".join(f"{c:>15}" for c in cols))
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            cells.append(f"{v:>15.4f}" if isinstance(v, float) else f"{v!s:>15}")
+        print("  ".join(cells))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kvlab.demo import run_demo
+
+    out = run_demo(args.out, quick=args.quick, progress=not args.quiet)
+    print(f"demo results written to {out}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from kvlab.workload.registry import KNOWN_TRACES, download
+
+    if args.list or not args.name:
+        for name, info in KNOWN_TRACES.items():
+            print(f"{name:<24} {info.get('description', '')}")
+        return 0
+    path = download(args.name, cache_dir=args.cache_dir)
+    print(path)
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from kvlab.policies import available_policies, make_policy
+
+    for name in available_policies():
+        print(f"{name:<16} {type(make_policy(name)).source}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvlab", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def trace_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("trace", help="path to a trace file, or a known public trace name (kvlab download --list)")
+        sp.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detect)")
+        sp.add_argument("--limit", type=int, default=None, help="use only the first N requests")
+        sp.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the trace's, or 16)")
+        sp.add_argument("--hash", default="xxh3_128", help="block-hash scheme (sha256, xxh3_128, xxh3_64, builtin)")
+
+    trace = sub.add_parser("trace", help="trace tools").add_subparsers(dest="trace_command", required=True)
+    stats = trace.add_parser("stats", help="requests, mean lengths, unique blocks, ideal hit rates")
+    trace_args(stats)
+    stats.set_defaults(func=cmd_trace_stats)
+
+    rp = sub.add_parser("replay", help="sequential cache-only replay (one run, or a sweep of several)")
+    trace_args(rp)
+    rp.add_argument("--capacity-blocks", type=int, nargs="+", required=True, help="cache capacity in blocks")
+    rp.add_argument("--policy", nargs="+", default=["lru"], help="eviction policy name(s) (kvlab policies)")
+    rp.add_argument("--mode", nargs="+", default=["vllm"], choices=["vllm", "ideal"], help="hit counting mode")
+    rp.add_argument("--engine", default="auto", choices=["auto", "compiled", "python"])
+    rp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
+    rp.add_argument("--root-seed", type=int, default=0)
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
+    rp.add_argument("--no-resume", action="store_true", help="redo sweep runs already on disk")
+    rp.add_argument("--quiet", action="store_true")
+    rp.set_defaults(func=cmd_replay)
+
+    demo = sub.add_parser("demo", help="the main job on the embedded default workload (no download)")
+    demo.add_argument("--out", type=Path, default=Path("results/demo"))
+    demo.add_argument("--quick", action="store_true", help="a smaller workload (tests, CI)")
+    demo.add_argument("--quiet", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    dl = sub.add_parser("download", help="fetch a public trace into the cache folder")
+    dl.add_argument("name", nargs="?")
+    dl.add_argument("--list", action="store_true")
+    dl.add_argument("--cache-dir", type=Path, default=None)
+    dl.set_defaults(func=cmd_download)
+
+    pol = sub.add_parser("policies", help="list registered eviction policies")
+    pol.set_defaults(func=cmd_policies)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KvlabError as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

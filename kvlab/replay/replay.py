@@ -1,0 +1,231 @@
+"""The replay driver: sequential, cache-only, no timing (DESIGN.md "The replay is sequential").
+
+Each request, in trace order, is looked up, admitted (hits pinned, new blocks allocated and keyed) and
+released before the next one, with its prompt only. Two engines give identical results:
+
+* ``compiled``: a numba kernel for the built-in LRU (``kvlab.replay.fast_lru``);
+* ``python``: the shared :class:`~kvlab.cache.PrefixCache` with any registered policy (plugins too).
+
+``engine="auto"`` picks ``compiled`` when the policy has a compiled kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from kvlab.cache import COUNTING_MODES, AccessContext, PrefixCache
+from kvlab.errors import ConfigError
+from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
+from kvlab.metrics import summarize
+from kvlab.replay.fast_lru import ideal_hits_kernel, replay_lru_kernel
+from kvlab.results import build_manifest, write_results
+from kvlab.workload.workload import Workload
+
+COMPILED_POLICIES = {"lru": replay_lru_kernel}
+ENGINES = ("auto", "compiled", "python")
+
+
+@dataclass
+class ReplayConfig:
+    """Everything that determines a replay's numbers (capacity in blocks, block size in tokens)."""
+
+    capacity_blocks: int
+    block_size: int | None = None  # default: the trace's block size (hash traces) or 16 (token traces)
+    policy: str = "lru"
+    policy_params: dict = field(default_factory=dict)
+    hash: str = "xxh3_128"
+    root_seed: int = 0
+    model_id: str = "kvlab"
+    mode: str = "vllm"  # "vllm" (last prompt token recomputed) or "ideal"
+    engine: str = "auto"
+    verify: bool = False  # verify-tokens-on-hit: count (and refuse) key collisions
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.capacity_blocks < 1:
+            raise ConfigError(f"capacity_blocks must be >= 1, got {self.capacity_blocks}")
+        if self.mode not in COUNTING_MODES:
+            raise ConfigError(f"mode must be one of {COUNTING_MODES}, got {self.mode!r}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "compiled" and (self.policy not in COMPILED_POLICIES or self.policy_params):
+            raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use engine='python'")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ReplayResult:
+    """Per-request rows (trace order) and totals of one replay."""
+
+    requests: pd.DataFrame
+    summary: dict
+    config: ReplayConfig
+    trace: dict
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``requests.parquet``, ``summary.json`` and ``manifest.json`` to ``out`` atomically."""
+        manifest = build_manifest(self.config.to_dict(), trace=self.trace, seed=self.config.seed, driver="replay")
+        return write_results(out, {"requests": self.requests}, self.summary, manifest)
+
+
+def default_block_size(workload: Workload) -> int:
+    return workload.block_size if workload.kind == "blocks" else 16
+
+
+def make_hasher(config: ReplayConfig) -> BlockHasher:
+    return BlockHasher(config.hash, root_seed=config.root_seed, model_id=config.model_id)
+
+
+def encode(workload: Workload, config: ReplayConfig, *, progress: bool = False) -> EncodedWorkload:
+    """Hash a workload's prompts for ``config`` (reusable across capacities and policies)."""
+    block_size = config.block_size or default_block_size(workload)
+    return encode_workload(workload, make_hasher(config), block_size, verify=config.verify, progress=progress)
+
+
+def replay(
+    workload: Workload,
+    config: ReplayConfig | None = None,
+    *,
+    encoded: EncodedWorkload | None = None,
+    progress: bool = False,
+    **overrides: object,
+) -> ReplayResult:
+    """Replay ``workload`` through one cache; ``overrides`` set ReplayConfig fields.
+
+    Pass ``encoded`` (from :func:`encode` with the same hash settings) to skip hashing in sweeps.
+    """
+    if config is None:
+        config = ReplayConfig(**overrides)  # type: ignore[arg-type]
+    elif overrides:
+        config = ReplayConfig(**{**config.to_dict(), **overrides})
+    config.validate()
+    if encoded is None:
+        encoded = encode(workload, config, progress=progress)
+    if config.block_size is None:
+        config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
+    t0 = time.perf_counter()
+    use_compiled = config.engine == "compiled" or (
+        config.engine == "auto" and config.policy in COMPILED_POLICIES and not config.policy_params
+    )
+    cols = _replay_compiled(encoded, config) if use_compiled else _replay_python(workload, encoded, config, progress)
+    replay_s = time.perf_counter() - t0
+    ideal = ideal_hits_kernel(
+        encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, encoded.block_size,
+        config.mode == "ideal",
+    )
+    frame = _requests_frame(workload, encoded, config, cols, ideal)
+    summary = summarize(frame, duration_s=workload.duration, capacity=config.capacity_blocks)
+    summary.update(
+        capacity_blocks=config.capacity_blocks,
+        block_size=encoded.block_size,
+        policy=config.policy,
+        mode=config.mode,
+        hash=encoded.hash_label,
+        engine="compiled" if use_compiled else "python",
+        block_lookups=int(len(encoded.key_ids)),
+        replay_seconds=replay_s,
+    )
+    trace = {
+        "name": workload.name,
+        "source": workload.source,
+        "sha256": workload.checksum,
+        "requests": len(workload),
+        "kind": workload.kind,
+        "trace_block_size": workload.block_size,
+    }
+    return ReplayResult(frame, summary, config, trace)
+
+
+def _replay_compiled(enc: EncodedWorkload, config: ReplayConfig) -> dict[str, np.ndarray]:
+    truth = enc.truth_ids if enc.truth_ids is not None else np.zeros(0, np.int64)
+    kernel = COMPILED_POLICIES[config.policy]
+    hit, new, ev, coll, adm, cached = kernel(
+        enc.offsets, enc.key_ids, truth, enc.prompt_tokens, enc.num_blocks, enc.num_keys,
+        config.capacity_blocks, enc.block_size, config.mode == "ideal",
+    )
+    return {"hit_blocks": hit, "new_blocks": new, "evictions": ev, "collisions": coll, "admitted": adm,
+            "cached_blocks": cached}
+
+
+def _replay_python(
+    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, progress: bool
+) -> dict[str, np.ndarray]:
+    n = len(enc.prompt_tokens)
+    cache = PrefixCache(
+        config.capacity_blocks, config.policy, block_size=enc.block_size, policy_params=config.policy_params
+    )
+    out = {name: np.zeros(n, np.int64) for name in ("hit_blocks", "new_blocks", "evictions", "collisions",
+                                                    "cached_blocks")}
+    admitted = np.zeros(n, np.bool_)
+    offsets = enc.offsets.tolist()
+    keys_all = enc.key_ids.tolist()
+    truths_all = enc.truth_ids.tolist() if enc.truth_ids is not None else None
+    prompt = enc.prompt_tokens.tolist()
+    arrival = workload.arrival.tolist()
+    rid = workload.request_id.tolist()
+    tenant = _labels(workload.tenant)
+    category = _labels(workload.category)
+    turn = workload.turn.tolist() if workload.turn is not None else None
+    for r in tqdm(range(n), disable=not progress, desc=f"replay {config.policy}", unit="req"):
+        a, b = offsets[r], offsets[r + 1]
+        ctx = AccessContext(
+            time=arrival[r], seq=r, request_id=rid[r], prompt_tokens=prompt[r],
+            tenant=tenant[r] if tenant else None, category=category[r] if category else None,
+            turn=turn[r] if turn else -1,
+        )
+        adm = cache.admit(keys_all[a:b], prompt[r], ctx, mode=config.mode,
+                          truths=truths_all[a:b] if truths_all is not None else None)
+        if adm is not None:
+            admitted[r] = True
+            out["hit_blocks"][r] = adm.hit_blocks
+            out["new_blocks"][r] = adm.new_blocks
+            out["evictions"][r] = adm.evictions
+            out["collisions"][r] = adm.collisions
+            cache.release(adm.blocks, ctx)
+        out["cached_blocks"][r] = cache.num_cached_blocks
+    out["admitted"] = admitted
+    return out
+
+
+def _labels(col: pd.Categorical | None) -> list | None:
+    return None if col is None else [None if pd.isna(x) else str(x) for x in col]
+
+
+def _requests_frame(
+    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, cols: dict[str, np.ndarray], ideal: np.ndarray
+) -> pd.DataFrame:
+    bs = enc.block_size
+    prompt = enc.prompt_tokens
+    full = np.diff(enc.offsets)
+    hit_tokens = np.minimum(cols["hit_blocks"] * bs, prompt)
+    frame = pd.DataFrame(
+        {
+            "request_id": workload.request_id,
+            "arrival": workload.arrival,
+            "prompt_tokens": prompt,
+            "output_tokens": workload.output_length,
+            "full_blocks": full,
+            "hit_blocks": cols["hit_blocks"],
+            "hit_tokens": hit_tokens,
+            "new_blocks": cols["new_blocks"],
+            "evictions": cols["evictions"],
+            "admitted": cols["admitted"],
+            "cached_blocks": cols["cached_blocks"],
+            "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
+        }
+    )
+    if config.verify:
+        frame["collisions"] = cols["collisions"]
+    for name in ("session", "turn", "tenant", "category"):
+        col = getattr(workload, name)
+        if col is not None:
+            frame[name] = col
+    return frame

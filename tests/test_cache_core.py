@@ -1,0 +1,224 @@
+"""The cache core against vLLM v1's prefix-caching behaviours (tests/v1/core/test_prefix_caching.py,
+ported in our own words) and DESIGN.md's semantics. Keys here are built by a tiny chained tuple scheme
+so the core is tested independently of the hasher."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cache import AccessContext, PrefixCache
+from kvlab.errors import CapacityError, ConfigError
+
+
+def chain(tokens: list, bs: int, root: object = "root") -> list:
+    """Chained keys of the full blocks of ``tokens``: key_i = (key_{i-1}, block tokens)."""
+    keys, prev = [], root
+    for i in range(len(tokens) // bs):
+        prev = (prev, tuple(tokens[i * bs : (i + 1) * bs]))
+        keys.append(prev)
+    return keys
+
+
+def run(cache: PrefixCache, tokens: list, mode: str = "vllm", release: bool = True):
+    adm = cache.admit(chain(tokens, cache.block_size), len(tokens), mode=mode)
+    if adm is not None and release:
+        cache.release(adm.blocks)
+    return adm
+
+
+def alloc_order(cache: PrefixCache) -> list[int]:
+    """Block ids in the order allocation would take them (the free queue, front first)."""
+    blocks, _ = cache.allocate(cache.num_free_blocks)
+    ids = [b.block_id for b in blocks]
+    cache.release(list(reversed(blocks)))  # give them back without keys
+    return ids
+
+
+def test_prefill_then_hit():
+    cache = PrefixCache(10, block_size=4)
+    common = list(range(12))  # 3 full blocks
+    a = run(cache, common + [100, 101, 102], release=False)
+    assert (a.hit_blocks, a.new_blocks) == (0, 4)
+    assert [b.block_id for b in a.blocks] == [0, 1, 2, 3]
+    assert cache.num_cached_blocks == 3  # the partial block holds no key
+    b = run(cache, common + [200, 201], release=False)
+    assert b.hit_blocks == 3 and b.new_blocks == 1
+    assert [blk.block_id for blk in b.blocks[:3]] == [0, 1, 2]
+    assert all(blk.ref_cnt == 2 for blk in b.blocks[:3])
+    cache.release(a.blocks)
+    cache.release(b.blocks)
+    assert cache.num_running_blocks == 0
+
+
+def test_release_order_tail_first_and_partial_block_to_front():
+    cache = PrefixCache(6, block_size=2)
+    run(cache, [1, 2, 3, 4, 5, 6, 7])  # blocks 0,1,2 keyed; 3 partial
+    # free queue: unkeyed partial (3) at the front, untouched 4,5, then keyed tail first: 2,1,0
+    assert alloc_order(cache) == [3, 4, 5, 2, 1, 0]
+
+
+def test_lru_evicts_tail_of_sequence_before_head():
+    cache = PrefixCache(4, block_size=2)
+    run(cache, [1, 2, 3, 4, 5, 6, 7, 8])  # 4 full blocks, keys k0..k3 in blocks 0..3
+    keys = chain([1, 2, 3, 4, 5, 6, 7, 8], 2)
+    adm = run(cache, [9, 9])  # needs one block: evicts the sequence's last block first
+    assert adm.evictions == 1
+    assert keys[3] not in cache and all(k in cache for k in keys[:3])
+    run(cache, [8, 8, 8, 8])  # two more blocks: the next victims are k2 then k1, before [9, 9]
+    assert keys[2] not in cache and keys[1] not in cache
+    assert keys[0] in cache and chain([9, 9], 2)[0] in cache
+
+
+def test_eviction_order_follows_unpin_time():
+    cache = PrefixCache(4, block_size=2)
+    run(cache, [1, 1, 2, 2])  # blocks 0,1 -> queue [1, 0] after release (tail first) behind free 2,3
+    run(cache, [3, 3, 4, 4])  # takes 2,3 -> queue [1, 0, 3, 2]
+    run(cache, [1, 1])  # last-token cap: 0 hits (prompt of one block), allocates 1 -> evicts block 1
+    assert chain([1, 1, 2, 2], 2)[1] not in cache
+    hit = run(cache, [1, 1, 2, 2, 5])
+    assert hit.hit_blocks == 1  # the head survived, the tail was evicted first
+
+
+def test_hits_are_protected_from_eviction_by_their_own_request():
+    cache = PrefixCache(4, block_size=2)
+    run(cache, [1, 1, 2, 2, 3, 3])  # 3 cached blocks + 1 free
+    # second request hits 2 blocks and needs 2 new: the free one and one victim, never its own hits
+    adm = run(cache, [1, 1, 2, 2, 9, 9, 9], release=False)
+    assert adm.hit_blocks == 2 and adm.new_blocks == 2 and adm.evictions == 1
+    assert chain([1, 1, 2, 2, 3, 3], 2)[2] not in cache  # the victim was the unhit block
+    assert all(b.ref_cnt == 1 for b in adm.blocks)
+
+
+def test_running_blocks_are_never_evicted():
+    cache = PrefixCache(4, block_size=2)
+    a = run(cache, [1, 1, 2, 2, 3, 3], release=False)  # 3 running
+    assert run(cache, [5, 5, 6, 6]) is None  # needs 2, only 1 free
+    b = run(cache, [5, 5], release=False)
+    assert b is not None and b.evictions == 0
+    assert all(blk.ref_cnt == 1 for blk in a.blocks)
+
+
+def test_last_prompt_token_is_always_recomputed():
+    cache = PrefixCache(8, block_size=4)
+    tokens = list(range(8))  # exactly 2 full blocks
+    run(cache, tokens)
+    assert run(cache, tokens).hit_blocks == 1  # capped at (8 - 1) // 4 = 1 block
+    assert run(cache, tokens + [99]).hit_blocks == 2
+    assert run(cache, tokens, mode="ideal").hit_blocks == 2
+
+
+def test_recomputed_last_block_is_a_duplicate_and_either_copy_serves():
+    cache = PrefixCache(8, block_size=2)
+    tokens = [1, 2, 3, 4]
+    first = run(cache, tokens, release=False)
+    second = run(cache, tokens, release=False)  # hits block 0, recomputes block 1 into another block
+    k1 = chain(tokens, 2)[1]
+    assert second.hit_blocks == 1
+    assert second.blocks[1] is not first.blocks[1] and second.blocks[1].key == k1
+    assert cache.get(k1) is first.blocks[1]  # lookup returns the oldest copy
+    cache.release(first.blocks)
+    cache.release(second.blocks)
+    # evict the older copy only: the other stays findable
+    cache.policy.on_evict(first.blocks[1])
+    cache._drop_key(first.blocks[1])
+    cache._free.append(first.blocks[1])
+    assert cache.get(k1) is second.blocks[1]
+    assert run(cache, tokens + [5]).hit_blocks == 2
+
+
+def test_lookup_stops_at_first_miss():
+    cache = PrefixCache(16, block_size=2)
+    run(cache, [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    # same later blocks after a different first block: zero hits (chained keys)
+    assert run(cache, [9, 9, 3, 4, 5, 6, 7, 8, 0]).hit_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected_hits"), [(7, 3), (0, 0)], ids=["X-replaces-H", "X-replaces-A"]
+)
+def test_seed_002_worked_example(changed, expected_hits):
+    """Seed 002: cache holds A..H in blocks of 2; one position changed to X."""
+    cache = PrefixCache(16, block_size=2)
+    text = list("ABCDEFGH")
+    run(cache, text, mode="ideal")
+    new = list(text)
+    new[changed] = "X"
+    adm = run(cache, new, mode="ideal")
+    assert adm.hit_blocks == expected_hits
+    if changed == 7:  # 7 common tokens, only 6 in full blocks
+        assert adm.hit_blocks * 2 == 6
+
+
+def test_failed_allocation_has_no_side_effects():
+    cache = PrefixCache(5, block_size=2)
+    run(cache, [1, 1, 2, 2, 3, 3])  # 3 evictable
+    hold = run(cache, [7, 7], release=False)  # 1 running (took a free block)
+    before = (alloc_order_snapshot(cache), cache.num_cached_blocks, cache.stats.hits, cache.stats.evictions)
+    # hits 2 evictable blocks and needs 3 new: free+evictable = 4, minus its 2 evictable hits = 2 < 3
+    assert run(cache, [1, 1, 2, 2, 4, 4, 5, 5, 6]) is None
+    after = (alloc_order_snapshot(cache), cache.num_cached_blocks, cache.stats.hits, cache.stats.evictions)
+    assert before == after
+    cache.release(hold.blocks)
+
+
+def alloc_order_snapshot(cache: PrefixCache) -> tuple:
+    return tuple(b.block_id for b in cache._free) + tuple(cache.policy._queue)
+
+
+def test_fit_check_counts_own_evictable_hits():
+    cache = PrefixCache(4, block_size=2)
+    run(cache, [1, 1, 2, 2])  # 2 evictable + 2 free
+    # 2 hits (evictable) + 2 new = 4 = capacity: fits exactly
+    adm = run(cache, [1, 1, 2, 2, 3, 3, 4], release=False)
+    assert adm is not None and adm.hit_blocks == 2 and adm.new_blocks == 2
+
+
+def test_salt_isolation():
+    cache = PrefixCache(16, block_size=2)
+    tokens = [1, 2, 3, 4, 5]
+    cache.release(cache.admit(chain(tokens, 2, root=("salt", "a")), 5).blocks)
+    assert cache.admit(chain(tokens, 2, root=("salt", "b")), 5).hit_blocks == 0
+
+
+def test_reset_only_when_nothing_runs():
+    cache = PrefixCache(4, block_size=2)
+    a = run(cache, [1, 1, 2, 2, 3], release=False)
+    with pytest.raises(CapacityError, match="in use"):
+        cache.reset()
+    cache.release(a.blocks)
+    cache.reset()
+    assert cache.num_cached_blocks == 0 and cache.num_free_blocks == 4
+    assert run(cache, [1, 1, 2, 2, 3]).hit_blocks == 0
+    assert alloc_order(cache)[0] == 2  # the partial block again went to the front
+
+
+def test_capacity_never_exceeded_and_refcounts_balance():
+    import random
+
+    rnd = random.Random(7)
+    cache = PrefixCache(12, block_size=2)
+    running = []
+    for step in range(400):
+        if running and rnd.random() < 0.45:
+            cache.release(running.pop(rnd.randrange(len(running))).blocks)
+        else:
+            tokens = [rnd.randrange(3) for _ in range(rnd.randrange(1, 9))]
+            adm = cache.admit(chain(tokens, 2), len(tokens), AccessContext(seq=step))
+            if adm is not None:
+                running.append(adm)
+        assert cache.num_running_blocks + cache.num_free_blocks == 12
+        assert all(b.ref_cnt >= 0 for b in cache.blocks)
+        pinned = {id(b) for a in running for b in a.blocks}
+        assert all(id(b) not in pinned for b in cache.policy._queue.values())
+    for a in running:
+        cache.release(a.blocks)
+    assert cache.num_running_blocks == 0
+
+
+def test_bad_config():
+    with pytest.raises(ConfigError):
+        PrefixCache(0)
+    with pytest.raises(ConfigError, match="unknown policy"):
+        PrefixCache(4, "nope")
+    with pytest.raises(ConfigError, match="counting mode"):
+        PrefixCache(4).max_hit_blocks(10, 2, "sometimes")

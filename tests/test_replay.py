@@ -1,0 +1,170 @@
+"""The replay driver: compiled and Python engines agree hit for hit; metrics and results on disk."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.errors import ConfigError
+from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.results import read_results
+from kvlab.sweep import grid, read_sweep, run_sweep
+from kvlab.workload.workload import from_lists
+
+
+def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):
+    """Prompts from a tiny vocabulary with shared prefixes: lots of hits, duplicates and evictions."""
+    rng = np.random.default_rng(seed)
+    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
+    prompts = []
+    for _ in range(n):
+        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
+        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
+        prompts.append(stem + tail)
+    return from_lists(prompts, arrival=np.arange(n, dtype=float))
+
+
+COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks"]
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8, 40, 1000])
+@pytest.mark.parametrize("mode", ["vllm", "ideal"])
+def test_compiled_equals_python(capacity, mode):
+    w = random_token_workload(capacity)
+    cfg = ReplayConfig(capacity_blocks=capacity, block_size=4, mode=mode)
+    enc = encode(w, cfg)
+    fast = replay(w, cfg, encoded=enc, engine="compiled").requests
+    slow = replay(w, cfg, encoded=enc, engine="python").requests
+    pd.testing.assert_frame_equal(fast[COLUMNS], slow[COLUMNS])
+    if capacity <= 8:
+        assert fast["evictions"].sum() > 0
+    if capacity == 1:
+        assert not fast["admitted"].all()  # prompts of 2+ blocks cannot fit one block
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), capacity=st.integers(1, 30), bs=st.sampled_from([1, 2, 3, 8]))
+def test_compiled_equals_python_property(seed, capacity, bs):
+    w = random_token_workload(seed, n=80)
+    cfg = ReplayConfig(capacity_blocks=capacity, block_size=bs)
+    enc = encode(w, cfg)
+    fast = replay(w, cfg, encoded=enc, engine="compiled").requests
+    slow = replay(w, cfg, encoded=enc, engine="python").requests
+    pd.testing.assert_frame_equal(fast[COLUMNS], slow[COLUMNS])
+    # hit rate never exceeds the infinite cache's
+    assert fast["hit_tokens"].sum() <= fast["ideal_hit_tokens"].sum()
+    assert (fast["cached_blocks"] <= capacity).all()
+
+
+def test_verify_mode_counts_collisions_in_both_engines():
+    w = random_token_workload(5, n=200, vocab=50)
+    cfg = ReplayConfig(capacity_blocks=2000, block_size=2, hash="xxh3_64", verify=True)
+    # truncated keys collide; verify refuses those hits and counts them
+    from kvlab.hashing import BlockHasher, encode_workload
+
+    enc = encode_workload(w, BlockHasher("xxh3_64", truncate_bits=6), 2, verify=True)
+    fast = replay(w, cfg, encoded=enc, engine="compiled")
+    slow = replay(w, cfg, encoded=enc, engine="python")
+    assert fast.summary["collisions"] > 0
+    assert fast.summary["collisions"] == slow.summary["collisions"]
+    pd.testing.assert_frame_equal(fast.requests[COLUMNS], slow.requests[COLUMNS])
+    safe = replay(w, cfg)
+    assert safe.summary["collisions"] == 0
+
+
+def test_metrics_by_hand():
+    # block size 2: request 0 computes [1 2][3 4][5]; request 1 = [1 2][3 4][6 7] hits 2 blocks
+    w = from_lists([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7], [9, 9]], arrival=[0.0, 1.0, 2.0])
+    r = replay(w, capacity_blocks=100, block_size=2)
+    req = r.requests
+    assert req["hit_blocks"].tolist() == [0, 2, 0]
+    assert req["hit_tokens"].tolist() == [0, 4, 0]
+    assert req["full_blocks"].tolist() == [2, 3, 1]
+    s = r.summary
+    assert s["token_hit_rate"] == pytest.approx(4 / 13)
+    assert s["block_hit_rate"] == pytest.approx(2 / 6)
+    assert s["request_hit_rate"] == pytest.approx(1 / 3)
+    assert s["mean_request_hit_rate"] == pytest.approx((0 + 4 / 6 + 0) / 3)
+    assert s["ideal_hit_rate"] == pytest.approx(4 / 13)
+    assert s["evictions"] == 0 and s["reused_tokens"] == 4
+
+
+def test_ideal_mode_counts_the_last_token():
+    w = from_lists([[1, 2, 3, 4], [1, 2, 3, 4]])
+    assert replay(w, capacity_blocks=10, block_size=2).requests["hit_tokens"].tolist() == [0, 2]
+    assert replay(w, capacity_blocks=10, block_size=2, mode="ideal").requests["hit_tokens"].tolist() == [0, 4]
+
+
+def test_salt_and_adapter_isolate_in_replay():
+    prompts = [[1, 2, 3, 4, 5]] * 4
+    w = from_lists(prompts, salt=["a", "a", "b", None], adapter=[None, None, None, "lora1"])
+    hits = replay(w, capacity_blocks=50, block_size=2).requests["hit_blocks"].tolist()
+    assert hits == [0, 2, 0, 0]
+
+
+def test_block_trace_replay_and_partial_blocks():
+    # two requests sharing chained ids 0,1; last block of each partial
+    w = from_lists([[0, 1, 2], [0, 1, 3]], kind="blocks", block_size=4, input_length=[10, 11])
+    r = replay(w, capacity_blocks=10)
+    assert r.requests["full_blocks"].tolist() == [2, 2]
+    assert r.requests["hit_blocks"].tolist() == [0, 2]
+    assert r.requests["new_blocks"].tolist() == [3, 1]
+
+
+def test_results_on_disk_and_deterministic(tmp_path):
+    w = random_token_workload(1)
+    a = replay(w, capacity_blocks=16, block_size=4)
+    a.save(tmp_path / "run")
+    back = read_results(tmp_path / "run")
+    pd.testing.assert_frame_equal(back.requests, a.requests)
+    assert {"prompt_tokens", "hit_tokens"} <= set(back.requests.columns)
+    m = back.manifest
+    assert m["config"]["capacity_blocks"] == 16 and m["seed"] == 0 and m["driver"] == "replay"
+    assert m["versions"]["numpy"] and "git_revision" in m
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["token_hit_rate"] == a.summary["token_hit_rate"]
+    b = replay(w, capacity_blocks=16, block_size=4)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary leftovers
+
+
+def test_failed_write_leaves_previous_run_intact(tmp_path, monkeypatch):
+    w = random_token_workload(2)
+    r = replay(w, capacity_blocks=16, block_size=4)
+    r.save(tmp_path / "run")
+    original = (tmp_path / "run" / "summary.json").read_text()
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        replay(w, capacity_blocks=8, block_size=4).save(tmp_path / "run")
+    assert (tmp_path / "run" / "summary.json").read_text() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_sweep_resumes(tmp_path, monkeypatch):
+    w = random_token_workload(3)
+    configs = grid([4, 16], policies=["lru"], block_size=4)
+    first = run_sweep(w, configs, tmp_path / "sw", progress=False)
+    assert len(first) == 2 and len(list((tmp_path / "sw" / "runs").iterdir())) == 2
+    import kvlab.sweep as sweep_mod
+
+    def boom(*a, **k):
+        raise AssertionError("a finished run was replayed again")
+
+    monkeypatch.setattr(sweep_mod, "replay", boom)
+    again = run_sweep(w, configs, tmp_path / "sw", progress=False)
+    pd.testing.assert_frame_equal(first, again)
+    assert len(read_sweep(tmp_path / "sw")) == 2
+
+
+def test_bad_config():
+    w = random_token_workload(0, n=5)
+    with pytest.raises(ConfigError, match="capacity"):
+        replay(w, capacity_blocks=0)
+    with pytest.raises(ConfigError, match="mode"):
+        replay(w, capacity_blocks=4, mode="maybe")
+    with pytest.raises(ConfigError, match="no compiled kernel"):
+        replay(w, capacity_blocks=4, policy="nope", engine="compiled")
