@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
+from kvlab.cache.compiled import run_compiled
+from kvlab.policies import make_policy
 from kvlab.replay import ReplayConfig, encode, replay
-from kvlab.replay.fast_lru import replay_lru_kernel
 from kvlab.workload import from_lists, load_trace
 from kvlab.workload.expand import expand_to_tokens
 
@@ -37,13 +36,13 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def kernel_seconds(enc, capacity: int, repeats: int = 3) -> float:
-    truth = np.zeros(0, np.int64)
+def kernel_seconds(enc, capacity: int, policy: str = "lru", repeats: int = 3) -> float:
+    """Best-of-``repeats`` seconds of the compiled replay loop alone (no hashing, no frames)."""
+    pol = make_policy(policy)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        replay_lru_kernel(enc.offsets, enc.key_ids, truth, enc.prompt_tokens, enc.num_blocks, enc.num_keys,
-                          capacity, enc.block_size, False)
+        run_compiled(pol.compiled, enc, capacity, False, pol.compiled_params())
         best = min(best, time.perf_counter() - t0)
     return best
 

@@ -42,6 +42,9 @@ def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capaci
         out["rejected_requests"] = int((~requests["admitted"].to_numpy()).sum())
     if "collisions" in requests:
         out["collisions"] = int(requests["collisions"].sum())
+    if "orphan_evictions" in requests:
+        out["orphan_evictions"] = int(requests["orphan_evictions"].sum())
+        out["mean_orphan_blocks"] = float(requests["orphan_blocks"].mean()) if len(requests) else 0.0
     if "cached_blocks" in requests and capacity:
         out["mean_occupancy"] = float(requests["cached_blocks"].mean()) / capacity
         out["final_cached_blocks"] = int(requests["cached_blocks"].iloc[-1]) if len(requests) else 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvlab.cache.compiled import ideal_hits_kernel
 from kvlab.hashing import BlockHasher, encode_workload
-from kvlab.replay.fast_lru import ideal_hits_kernel
 from kvlab.workload.workload import Workload
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import ConfigError
+from kvlab.policies import EvictionPolicy, register_policy
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.results import read_results
 from kvlab.sweep import grid, read_sweep, run_sweep
@@ -29,7 +30,7 @@ def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int 
     return from_lists(prompts, arrival=np.arange(n, dtype=float))
 
 
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks"]
+COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 8, 40, 1000])
@@ -166,5 +167,39 @@ def test_bad_config():
         replay(w, capacity_blocks=0)
     with pytest.raises(ConfigError, match="mode"):
         replay(w, capacity_blocks=4, mode="maybe")
+    with pytest.raises(ConfigError, match="unknown policy 'nope'"):
+        replay(w, capacity_blocks=4, policy="nope")
     with pytest.raises(ConfigError, match="no compiled kernel"):
-        replay(w, capacity_blocks=4, policy="nope", engine="compiled")
+        replay(w, capacity_blocks=4, policy="test-mru", engine="compiled")
+
+
+@register_policy("test-mru", replace=True)
+class _MRU(EvictionPolicy):
+    """A plugin written in a test: most recently unpinned first."""
+
+    def __init__(self) -> None:
+        self.q: dict = {}
+
+    def on_pin(self, block, ctx):
+        del self.q[block.block_id]
+
+    def on_unpin(self, block, ctx):
+        self.q[block.block_id] = block
+
+    def victim(self):
+        return next(reversed(self.q.values()))
+
+    def on_evict(self, block):
+        del self.q[block.block_id]
+
+    def __len__(self):
+        return len(self.q)
+
+
+def test_plugin_policy_runs_in_replay_and_differs_from_lru():
+    w = random_token_workload(11)
+    mru = replay(w, capacity_blocks=12, block_size=2, policy="test-mru")
+    lru = replay(w, capacity_blocks=12, block_size=2, policy="lru")
+    assert mru.summary["engine"] == "python" and lru.summary["engine"] == "compiled"
+    assert mru.summary["evictions"] > 0
+    assert mru.requests["hit_blocks"].tolist() != lru.requests["hit_blocks"].tolist()

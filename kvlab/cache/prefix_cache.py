@@ -23,11 +23,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.errors import CapacityError, ConfigError
-from kvlab.policies import EvictionPolicy, make_policy
+
+if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it lazily at run time
+    from kvlab.policies import EvictionPolicy
 
 COUNTING_MODES = ("vllm", "ideal")
 
@@ -41,6 +44,7 @@ class Admission:
     new_blocks: int
     evictions: int
     collisions: int = 0
+    orphan_evictions: int = 0
 
 
 @dataclass(slots=True)
@@ -48,6 +52,7 @@ class CacheStats:
     """Running totals since construction or ``reset`` (blocks)."""
 
     evictions: int = 0
+    orphan_evictions: int = 0
     inserts: int = 0
     hits: int = 0
     collisions: int = 0
@@ -72,10 +77,14 @@ class PrefixCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        from kvlab.policies import make_policy
+
         self.policy = make_policy(policy, **(policy_params or {}))
         self._free: deque[KVBlock] = deque(self.blocks)
         self._index: dict[Hashable, dict[int, KVBlock]] = {}
         self._cached = 0  # blocks holding a key (running or evictable)
+        self._children: dict[Hashable, int] = {}  # key -> cached blocks whose parent is that key
+        self._orphans = 0  # cached blocks whose parent key is not cached (unreachable)
         self.stats = CacheStats()
 
     # ------------------------------------------------------------------ state
@@ -92,6 +101,14 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         """Blocks holding a key, running or evictable."""
         return self._cached
+
+    @property
+    def num_orphan_blocks(self) -> int:
+        """Cached blocks whose parent key is not cached: unreachable by any lookup."""
+        return self._orphans
+
+    def is_orphan(self, block: KVBlock) -> bool:
+        return block.parent is not None and block.parent not in self._index
 
     @property
     def num_running_blocks(self) -> int:
@@ -150,7 +167,7 @@ class PrefixCache:
         if num > self.num_free_blocks:
             raise CapacityError(f"cannot allocate {num} blocks: {self.num_free_blocks} free or evictable")
         out: list[KVBlock] = []
-        evicted = 0
+        evicted = orphaned = 0
         free, policy = self._free, self.policy
         for _ in range(num):
             if free:
@@ -158,11 +175,13 @@ class PrefixCache:
             else:
                 block = policy.victim()
                 policy.on_evict(block)
+                orphaned += self.is_orphan(block)
                 self._drop_key(block)
                 evicted += 1
             block.ref_cnt = 1
             out.append(block)
         self.stats.evictions += evicted
+        self.stats.orphan_evictions += orphaned
         return out, evicted
 
     def cache_block(
@@ -180,6 +199,12 @@ class PrefixCache:
             raise CapacityError(f"block {block.block_id} already holds a key")
         block.key, block.position, block.parent, block.truth = key, position, parent, truth
         held = self._index.get(key)
+        if held is None:
+            self._orphans -= self._children.get(key, 0)  # its cached children become reachable
+        if parent is not None:
+            self._children[parent] = self._children.get(parent, 0) + 1
+            if parent not in self._index:
+                self._orphans += 1
         if held is None:
             self._index[key] = {block.block_id: block}
         else:
@@ -210,13 +235,25 @@ class PrefixCache:
                 self.policy.on_remove(block)
                 self._drop_key(block)
         self._free = deque(self.blocks)
+        self._children.clear()
+        self._orphans = 0
         self.stats = CacheStats()
 
     def _drop_key(self, block: KVBlock) -> None:
+        parent = block.parent
+        if parent is not None:
+            left = self._children[parent] - 1
+            if left:
+                self._children[parent] = left
+            else:
+                del self._children[parent]
+            if parent not in self._index:
+                self._orphans -= 1
         held = self._index[block.key]
         del held[block.block_id]
         if not held:
             del self._index[block.key]
+            self._orphans += self._children.get(block.key, 0)  # its cached children become unreachable
         block.clear_key()
         self._cached -= 1
 
@@ -249,6 +286,7 @@ class PrefixCache:
         if not self.can_allocate(num_new, hits):
             return None
         self.touch(hits, ctx)
+        orphans_before = self.stats.orphan_evictions
         new, evicted = self.allocate(num_new, ctx)
         h = len(hits)
         for j, block in enumerate(new[: len(keys) - h]):
@@ -262,4 +300,4 @@ class PrefixCache:
                 truth=None if truths is None else truths[pos],
             )
         self.stats.collisions += collisions
-        return Admission(hits + new, h, num_new, evicted, collisions)
+        return Admission(hits + new, h, num_new, evicted, collisions, self.stats.orphan_evictions - orphans_before)

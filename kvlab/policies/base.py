@@ -21,7 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 
@@ -32,6 +35,16 @@ class EvictionPolicy:
     name: ClassVar[str] = "base"
     #: one-line provenance shown in docs and results
     source: ClassVar[str] = ""
+    #: numba twin of the hooks (kvlab.cache.compiled), or None: the replay then uses the Python core
+    compiled: ClassVar[CompiledPolicy | None] = None
+
+    def compiled_params(self) -> np.ndarray:
+        """This instance's numeric parameters, in the order the compiled hooks read them."""
+        return np.zeros(0, dtype=np.float64)
+
+    def prepare(self, encoded: object) -> None:  # noqa: B027 - optional hook
+        """Offline policies (Belady) read the trace's future here: an EncodedWorkload whose dense key
+        ids are the keys the cache will see. Called once before a replay."""
 
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:  # noqa: B027 - optional hook
         pass

@@ -9,7 +9,11 @@ Source: vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue), block_pool.py.
 
 from __future__ import annotations
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.policies.base import EvictionPolicy, register_policy
 
@@ -37,3 +41,61 @@ class LRU(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (next, prev) of a doubly linked list over block ids with sentinel ``capacity``; head = oldest.
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    nxt = np.full(capacity + 1, capacity, np.int64)
+    prv = np.full(capacity + 1, capacity, np.int64)
+    return (nxt, prv)
+
+
+@nb.njit(cache=True, inline="always")
+def _unlink(state, b):
+    nxt, prv = state
+    nxt[prv[b]] = nxt[b]
+    prv[nxt[b]] = prv[b]
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    pass
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    pass
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    _unlink(state, b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    nxt, prv = state
+    s = len(nxt) - 1
+    t = prv[s]
+    nxt[t] = b
+    prv[b] = t
+    nxt[b] = s
+    prv[s] = b
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    nxt = state[0]
+    return nxt[len(nxt) - 1]
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    _unlink(state, b)
+
+
+LRU.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

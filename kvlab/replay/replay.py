@@ -3,10 +3,10 @@
 Each request, in trace order, is looked up, admitted (hits pinned, new blocks allocated and keyed) and
 released before the next one, with its prompt only. Two engines give identical results:
 
-* ``compiled``: a numba kernel for the built-in LRU (``kvlab.replay.fast_lru``);
+* ``compiled``: the numba kernel (``kvlab.cache.compiled``) with the policy's compiled hooks;
 * ``python``: the shared :class:`~kvlab.cache.PrefixCache` with any registered policy (plugins too).
 
-``engine="auto"`` picks ``compiled`` when the policy has a compiled kernel.
+``engine="auto"`` picks ``compiled`` when the policy has compiled hooks.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.cache import COUNTING_MODES, AccessContext, PrefixCache
+from kvlab.cache.compiled import ideal_hits_kernel, run_compiled
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
-from kvlab.replay.fast_lru import ideal_hits_kernel, replay_lru_kernel
+from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.results import build_manifest, write_results
 from kvlab.workload.workload import Workload
 
-COMPILED_POLICIES = {"lru": replay_lru_kernel}
 ENGINES = ("auto", "compiled", "python")
 
 
@@ -54,7 +54,7 @@ class ReplayConfig:
             raise ConfigError(f"mode must be one of {COUNTING_MODES}, got {self.mode!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.engine == "compiled" and (self.policy not in COMPILED_POLICIES or self.policy_params):
+        if self.engine == "compiled" and make_policy(self.policy, **self.policy_params).compiled is None:
             raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use engine='python'")
 
     def to_dict(self) -> dict:
@@ -112,10 +112,13 @@ def replay(
     if config.block_size is None:
         config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
     t0 = time.perf_counter()
-    use_compiled = config.engine == "compiled" or (
-        config.engine == "auto" and config.policy in COMPILED_POLICIES and not config.policy_params
-    )
-    cols = _replay_compiled(encoded, config) if use_compiled else _replay_python(workload, encoded, config, progress)
+    policy = make_policy(config.policy, **config.policy_params)
+    use_compiled = policy.compiled is not None and config.engine != "python"
+    if use_compiled:
+        cols = run_compiled(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal",
+                            policy.compiled_params())
+    else:
+        cols = _replay_python(workload, encoded, config, policy, progress)
     replay_s = time.perf_counter() - t0
     ideal = ideal_hits_kernel(
         encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, encoded.block_size,
@@ -144,26 +147,13 @@ def replay(
     return ReplayResult(frame, summary, config, trace)
 
 
-def _replay_compiled(enc: EncodedWorkload, config: ReplayConfig) -> dict[str, np.ndarray]:
-    truth = enc.truth_ids if enc.truth_ids is not None else np.zeros(0, np.int64)
-    kernel = COMPILED_POLICIES[config.policy]
-    hit, new, ev, coll, adm, cached = kernel(
-        enc.offsets, enc.key_ids, truth, enc.prompt_tokens, enc.num_blocks, enc.num_keys,
-        config.capacity_blocks, enc.block_size, config.mode == "ideal",
-    )
-    return {"hit_blocks": hit, "new_blocks": new, "evictions": ev, "collisions": coll, "admitted": adm,
-            "cached_blocks": cached}
-
-
 def _replay_python(
-    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, progress: bool
+    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, policy: EvictionPolicy, progress: bool
 ) -> dict[str, np.ndarray]:
     n = len(enc.prompt_tokens)
-    cache = PrefixCache(
-        config.capacity_blocks, config.policy, block_size=enc.block_size, policy_params=config.policy_params
-    )
-    out = {name: np.zeros(n, np.int64) for name in ("hit_blocks", "new_blocks", "evictions", "collisions",
-                                                    "cached_blocks")}
+    policy.prepare(enc)
+    cache = PrefixCache(config.capacity_blocks, policy, block_size=enc.block_size)
+    out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
     admitted = np.zeros(n, np.bool_)
     offsets = enc.offsets.tolist()
     keys_all = enc.key_ids.tolist()
@@ -188,11 +178,17 @@ def _replay_python(
             out["hit_blocks"][r] = adm.hit_blocks
             out["new_blocks"][r] = adm.new_blocks
             out["evictions"][r] = adm.evictions
+            out["orphan_evictions"][r] = adm.orphan_evictions
             out["collisions"][r] = adm.collisions
             cache.release(adm.blocks, ctx)
         out["cached_blocks"][r] = cache.num_cached_blocks
+        out["orphan_blocks"][r] = cache.num_orphan_blocks
     out["admitted"] = admitted
     return out
+
+
+PYTHON_COLUMNS = ("hit_blocks", "new_blocks", "evictions", "orphan_evictions", "collisions", "cached_blocks",
+                  "orphan_blocks")
 
 
 def _labels(col: pd.Categorical | None) -> list | None:
@@ -217,8 +213,10 @@ def _requests_frame(
             "hit_tokens": hit_tokens,
             "new_blocks": cols["new_blocks"],
             "evictions": cols["evictions"],
+            "orphan_evictions": cols["orphan_evictions"],
             "admitted": cols["admitted"],
             "cached_blocks": cols["cached_blocks"],
+            "orphan_blocks": cols["orphan_blocks"],
             "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
         }
     )

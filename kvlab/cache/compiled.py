@@ -1,16 +1,40 @@
-"""Compiled (numba) sequential replay with vLLM-exact LRU: the fast path of the replay driver.
+"""Compiled (numba) sequential replay: the fast path of the replay driver, for policies with compiled hooks.
 
-It implements the same rules as :class:`kvlab.cache.PrefixCache` with the ``lru`` policy, on dense
-key ids (0..num_keys-1) instead of hashable keys: free blocks form a stack whose top is the free
-queue's front, evictable blocks a doubly linked list in unpin order, and each key a doubly linked
-list of the blocks holding it (oldest first). ``tests/test_replay.py`` checks it hit for hit against
-the Python core. Counts are in blocks.
+It implements exactly the rules of :class:`kvlab.cache.PrefixCache` on dense key ids (0..num_keys-1):
+free blocks form a stack whose top is the free queue's front, each key a doubly linked list of the
+blocks holding it (oldest first), and the eviction policy is a :class:`CompiledPolicy`: numba functions
+over a policy-owned state tuple, called at the same events as the Python hooks. The tests check every
+compiled policy hit for hit against its Python twin running in the Python core. Counts are in blocks.
+
+Orphans: a cached block is *orphaned* while its parent key (the previous block of its sequence) is not
+cached; it is then unreachable. ``orphan_blocks`` is their number after each request and
+``orphan_evictions`` the evictions of orphaned blocks.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba as nb
 import numpy as np
+
+
+class CompiledPolicy(NamedTuple):
+    """numba-compiled hooks of one policy (block ids ``b``, dense key ids ``key``, ``seq`` = request index).
+
+    ``init(capacity, num_keys, params) -> state``; ``on_insert(state, b, key, seq, pos)``;
+    ``on_hit(state, b, key, seq, pos)``; ``on_pin(state, b, seq)``; ``on_unpin(state, b, seq)``;
+    ``victim(state) -> b`` (only called with at least one evictable block); ``on_evict(state, b)``.
+    ``params`` is a float64 array of the policy's numeric parameters.
+    """
+
+    init: object
+    on_insert: object
+    on_hit: object
+    on_pin: object
+    on_unpin: object
+    victim: object
+    on_evict: object
 
 
 @nb.njit(cache=True, inline="always")
@@ -21,8 +45,8 @@ def max_hit_blocks(nfull: int, prompt_tokens: int, block_size: int, ideal: bool)
     return min(nfull, max(prompt_tokens - 1, 0) // block_size)
 
 
-@nb.njit(cache=True, nogil=True)
-def replay_lru_kernel(
+@nb.njit(nogil=True)
+def replay_kernel(
     offsets: np.ndarray,  # int64 [n+1] into key_ids
     key_ids: np.ndarray,  # int64 dense key per full block
     truth_ids: np.ndarray,  # int64 per full block, or empty (no verify)
@@ -32,32 +56,41 @@ def replay_lru_kernel(
     capacity: int,
     block_size: int,
     ideal: bool,
+    params: np.ndarray,  # float64 policy parameters
+    init,
+    on_insert,
+    on_hit,
+    on_pin,
+    on_unpin,
+    victim,
+    on_evict,
 ):
     n = len(prompt_tokens)
     verify = len(truth_ids) > 0
     hit_blocks = np.zeros(n, np.int64)
     new_blocks = np.zeros(n, np.int64)
     evictions = np.zeros(n, np.int64)
+    orphan_evictions = np.zeros(n, np.int64)
     collisions = np.zeros(n, np.int64)
     admitted = np.zeros(n, np.bool_)
     cached_after = np.zeros(n, np.int64)
+    orphans_after = np.zeros(n, np.int64)
 
-    S = capacity  # sentinel index of the evictable list
-    nxt = np.full(capacity + 1, -1, np.int64)
-    prv = np.full(capacity + 1, -1, np.int64)
-    nxt[S] = S
-    prv[S] = S
-    n_evictable = 0
+    state = init(capacity, num_keys, params)
     free_stack = np.arange(capacity - 1, -1, -1).astype(np.int64)  # top = front of the free queue
     free_top = capacity
+    n_evictable = 0
     ref = np.zeros(capacity, np.int64)
     bkey = np.full(capacity, -1, np.int64)
+    bparent = np.full(capacity, -1, np.int64)
     btruth = np.full(capacity, -1, np.int64)
     key_head = np.full(num_keys, -1, np.int64)
     key_tail = np.full(num_keys, -1, np.int64)
+    children = np.zeros(num_keys, np.int64)  # cached blocks whose parent is this key
     same_next = np.full(capacity, -1, np.int64)
     same_prev = np.full(capacity, -1, np.int64)
     n_cached = 0
+    n_orphans = 0
     req_blocks = np.empty(0, np.int64)
 
     for r in range(n):
@@ -84,47 +117,64 @@ def replay_lru_kernel(
                 evictable_hits += 1
         if need > free_top + n_evictable - evictable_hits:
             cached_after[r] = n_cached
+            orphans_after[r] = n_orphans
             continue
         admitted[r] = True
         hit_blocks[r] = h
         new_blocks[r] = need
-        # pin the hits
+        # touch: count the hit and pin
         for i in range(h):
             b = req_blocks[i]
+            on_hit(state, b, bkey[b], r, i)
             if ref[b] == 0:
-                nxt[prv[b]] = nxt[b]
-                prv[nxt[b]] = prv[b]
+                on_pin(state, b, r)
                 n_evictable -= 1
             ref[b] += 1
-        # allocate the rest: free queue front first, then the LRU head
+        # allocate the rest: free queue front first, then policy victims
         ev = 0
         for j in range(need):
             if free_top > 0:
                 free_top -= 1
                 b = free_stack[free_top]
             else:
-                b = nxt[S]
-                nxt[S] = nxt[b]
-                prv[nxt[b]] = S
+                b = victim(state)
+                on_evict(state, b)
                 n_evictable -= 1
                 k = bkey[b]
-                p, q = same_prev[b], same_next[b]
+                p = bparent[b]
                 if p >= 0:
-                    same_next[p] = q
+                    children[p] -= 1
+                    if key_head[p] < 0:
+                        n_orphans -= 1
+                        orphan_evictions[r] += 1
+                prev_b, next_b = same_prev[b], same_next[b]
+                if prev_b >= 0:
+                    same_next[prev_b] = next_b
                 else:
-                    key_head[k] = q
-                if q >= 0:
-                    same_prev[q] = p
+                    key_head[k] = next_b
+                if next_b >= 0:
+                    same_prev[next_b] = prev_b
                 else:
-                    key_tail[k] = p
+                    key_tail[k] = prev_b
+                if key_head[k] < 0:
+                    n_orphans += children[k]
                 bkey[b] = -1
+                bparent[b] = -1
                 n_cached -= 1
                 ev += 1
             ref[b] = 1
             pos = h + j
             if pos < nfull:
                 k = key_ids[start + pos]
+                p = key_ids[start + pos - 1] if pos > 0 else -1
+                if key_head[k] < 0:
+                    n_orphans -= children[k]
+                if p >= 0:
+                    children[p] += 1
+                    if key_head[p] < 0:
+                        n_orphans += 1
                 bkey[b] = k
+                bparent[b] = p
                 if verify:
                     btruth[b] = truth_ids[start + pos]
                 t = key_tail[k]
@@ -136,25 +186,24 @@ def replay_lru_kernel(
                     key_head[k] = b
                 key_tail[k] = b
                 n_cached += 1
+                on_insert(state, b, k, r, pos)
             req_blocks[pos] = b
         evictions[r] = ev
-        # release tail first: keyed -> LRU tail, unkeyed -> free queue front
+        # release tail first: keyed -> evictable (policy), unkeyed -> free queue front
         for i in range(total - 1, -1, -1):
             b = req_blocks[i]
             ref[b] -= 1
             if ref[b] == 0:
                 if bkey[b] >= 0:
-                    t = prv[S]
-                    nxt[t] = b
-                    prv[b] = t
-                    nxt[b] = S
-                    prv[S] = b
+                    on_unpin(state, b, r)
                     n_evictable += 1
                 else:
                     free_stack[free_top] = b
                     free_top += 1
         cached_after[r] = n_cached
-    return hit_blocks, new_blocks, evictions, collisions, admitted, cached_after
+        orphans_after[r] = n_orphans
+    return (hit_blocks, new_blocks, evictions, orphan_evictions, collisions, admitted, cached_after,
+            orphans_after)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -181,3 +230,15 @@ def ideal_hits_kernel(
         for i in range(nfull):
             seen[key_ids[start + i]] = True
     return hits
+
+
+def run_compiled(policy: CompiledPolicy, enc, capacity: int, ideal: bool, params: np.ndarray) -> dict[str, np.ndarray]:
+    """Run ``replay_kernel`` for an EncodedWorkload; returns the per-request columns by name."""
+    truth = enc.truth_ids if enc.truth_ids is not None else np.zeros(0, np.int64)
+    out = replay_kernel(
+        enc.offsets, enc.key_ids, truth, enc.prompt_tokens, enc.num_blocks, enc.num_keys, capacity,
+        enc.block_size, ideal, np.asarray(params, dtype=np.float64), *policy,
+    )
+    names = ("hit_blocks", "new_blocks", "evictions", "orphan_evictions", "collisions", "admitted",
+             "cached_blocks", "orphan_blocks")
+    return dict(zip(names, out, strict=True))
