@@ -1,5 +1,36 @@
 """Workloads: the columnar request stream, trace loaders, generators and token expansion."""
 
+from kvlab.workload.alibaba import chain_block_ids, load_alibaba
+from kvlab.workload.expand import block_tokens, expand_to_tokens
+from kvlab.workload.generate import synthetic_chat, zipf_blocks
+from kvlab.workload.load import load_trace
+from kvlab.workload.mooncake import load_mooncake
+from kvlab.workload.native import load_jsonl, load_parquet, save_jsonl, save_parquet
+from kvlab.workload.registry import TRACES, detect_format, download, resolve_trace
+from kvlab.workload.text import ByteTokenizer, mt_bench_sessions, rag_prompts, sharegpt_first_turns
 from kvlab.workload.workload import Workload, from_lists
 
-__all__ = ["Workload", "from_lists"]
+__all__ = [
+    "TRACES",
+    "ByteTokenizer",
+    "Workload",
+    "block_tokens",
+    "chain_block_ids",
+    "detect_format",
+    "download",
+    "expand_to_tokens",
+    "from_lists",
+    "load_alibaba",
+    "load_jsonl",
+    "load_mooncake",
+    "load_parquet",
+    "load_trace",
+    "mt_bench_sessions",
+    "rag_prompts",
+    "resolve_trace",
+    "save_jsonl",
+    "save_parquet",
+    "sharegpt_first_turns",
+    "synthetic_chat",
+    "zipf_blocks",
+]

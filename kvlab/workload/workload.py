@@ -113,7 +113,10 @@ class Workload:
                 raise ConfigError(f"Workload.{name} has {len(col)} rows, expected {n}")
 
     def expected_prompt_values(self, input_length: np.ndarray) -> np.ndarray:
-        """Prompt values per request implied by ``input_length`` (ids: ceil(len / block_size); tokens: len)."""
+        """Prompt values per request implied by ``input_length``.
+
+        Block ids: ``ceil(input_length / block_size)``; tokens: ``input_length``.
+        """
         if self.kind == "blocks":
             return -(-input_length // self.block_size)
         return input_length
@@ -166,7 +169,8 @@ class Workload:
             o_starts, o_counts = self.output_offsets[idx], np.diff(self.output_offsets)[idx]
             o_off = np.zeros(len(idx) + 1, dtype=np.int64)
             np.cumsum(o_counts, out=o_off[1:])
-            kw["output_offsets"], kw["output_values"] = o_off, _gather_ranges(self.output_values, o_starts, o_counts)
+            kw["output_offsets"] = o_off
+            kw["output_values"] = _gather_ranges(self.output_values, o_starts, o_counts)
         return Workload(**kw)
 
     def head(self, n: int) -> Workload:

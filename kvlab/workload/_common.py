@@ -1,0 +1,249 @@
+"""Shared helpers of the trace loaders: line parsing, typed field access, checksums, atomic writes.
+
+Every validation failure raises :class:`~kvlab.errors.TraceFormatError` with the file, the 1-based line
+and the field. Integers must be JSON integers (``true``, ``"12"`` and ``12.0`` are rejected); numbers
+(timestamps in seconds) may be integers or floats but never booleans, NaN or infinite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import numpy as np
+
+from kvlab.errors import TraceFormatError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_MISSING = object()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in ``chunk``-byte pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def describe(value: Any) -> str:
+    """Short description of a JSON value for error messages."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        s = value if len(value) <= 20 else value[:17] + "..."
+        return f"string {s!r}"
+    if isinstance(value, float):
+        return f"float {value!r}"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    if isinstance(value, dict):
+        return "object"
+    text = repr(value)
+    if len(text) > 40:
+        text = f"{text[:20]}... ({len(text)} chars)"
+    return f"{type(value).__name__} {text}"
+
+
+_decode = json.JSONDecoder().decode
+
+
+def iter_json_lines(path: str, data: bytes) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_no, object)`` for each non-blank line; a line that is not a JSON object is an error."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        ln = data.count(b"\n", 0, e.start) + 1
+        raise TraceFormatError(path, ln, None, f"not UTF-8 ({e.reason})") from None
+    for ln, raw in enumerate(text.split("\n"), 1):
+        if not raw or raw.isspace():
+            continue
+        try:
+            obj = _decode(raw)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(
+                path, ln, None, f"invalid JSON ({e.msg} at column {e.colno}); truncated or corrupt line?"
+            ) from None
+        except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
+            raise TraceFormatError(path, ln, None, f"invalid JSON ({e})") from None
+        if type(obj) is not dict:
+            raise TraceFormatError(path, ln, None, f"expected a JSON object, got {describe(obj)}")
+        yield ln, obj
+
+
+def get_int(
+    path: str, ln: int | None, obj: dict, key: str, *, min_value: int | None = None, default: Any = _MISSING
+) -> int:
+    """``obj[key]`` as a JSON integer (not bool/str/float) within int64 and ``>= min_value``."""
+    v = obj.get(key, _MISSING)
+    if v is _MISSING:
+        if default is _MISSING:
+            raise TraceFormatError(path, ln, key, "missing required field")
+        return default
+    if type(v) is not int:
+        raise TraceFormatError(path, ln, key, f"expected an integer, got {describe(v)}")
+    if min_value is not None and v < min_value:
+        raise TraceFormatError(path, ln, key, f"must be >= {min_value}, got {v}")
+    if v > INT64_MAX or v < INT64_MIN:
+        raise TraceFormatError(path, ln, key, f"{v} does not fit in int64")
+    return v
+
+
+def get_number(path: str, ln: int, obj: dict, key: str) -> float:
+    """``obj[key]`` as a finite JSON number (int or float, not bool/str)."""
+    v = obj.get(key, _MISSING)
+    if v is _MISSING:
+        raise TraceFormatError(path, ln, key, "missing required field")
+    if type(v) is not float and type(v) is not int:
+        raise TraceFormatError(path, ln, key, f"expected a number, got {describe(v)}")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise TraceFormatError(path, ln, key, f"must be a finite float64, got {describe(v)}")
+    return f
+
+
+def get_str(path: str, ln: int, obj: dict, key: str, *, default: Any = _MISSING) -> str:
+    """``obj[key]`` as a JSON string."""
+    v = obj.get(key, _MISSING)
+    if v is _MISSING:
+        if default is _MISSING:
+            raise TraceFormatError(path, ln, key, "missing required field")
+        return default
+    if type(v) is not str:
+        raise TraceFormatError(path, ln, key, f"expected a string, got {describe(v)}")
+    return v
+
+
+def check_int_list(path: str, ln: int | None, key: str, v: Any, *, min_value: int = 0) -> list[int]:
+    """``v`` as a list of JSON integers in ``[min_value, INT64_MAX]``."""
+    if type(v) is not list:
+        raise TraceFormatError(path, ln, key, f"expected a list of integers, got {describe(v)}")
+    if not v:
+        return v
+    if set(map(type, v)) != {int}:
+        bad = next(x for x in v if type(x) is not int)
+        raise TraceFormatError(path, ln, key, f"expected a list of integers, found {describe(bad)}")
+    lo, hi = min(v), max(v)
+    if lo < min_value:
+        raise TraceFormatError(path, ln, key, f"values must be >= {min_value}, found {lo}")
+    if hi > INT64_MAX:
+        raise TraceFormatError(path, ln, key, f"value {hi} does not fit in int64")
+    return v
+
+
+def get_int_list(path: str, ln: int, obj: dict, key: str, *, min_value: int = 0) -> list[int]:
+    """``obj[key]`` as a list of non-negative (``>= min_value``) JSON integers."""
+    v = obj.get(key, _MISSING)
+    if v is _MISSING:
+        raise TraceFormatError(path, ln, key, "missing required field")
+    return check_int_list(path, ln, key, v, min_value=min_value)
+
+
+def check_block_count(path: str, ln: int, key: str, n_ids: int, input_length: int, block_size: int) -> None:
+    """Require ``n_ids == ceil(input_length / block_size)``."""
+    expected = -(-input_length // block_size)
+    if n_ids != expected:
+        raise TraceFormatError(
+            path,
+            ln,
+            key,
+            f"has {n_ids} block ids, expected ceil(input_length {input_length} / block_size {block_size}) = {expected}",
+        )
+
+
+def csr(counts: list[int] | np.ndarray) -> np.ndarray:
+    """CSR offsets (int64, n + 1 entries starting at 0) from per-row counts."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def int_array(values: list[int]) -> np.ndarray:
+    """A flat list of Python ints (already range-checked) as int64."""
+    return np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
+
+
+def _default_mode(path: str) -> None:
+    """Make a mkstemp file (created 0600) world-readable like a plain data file (0644)."""
+    os.chmod(path, 0o644)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kw: Any) -> Iterator[IO]:
+    """Open a temp file beside ``path``; on success fsync and ``os.replace`` it onto ``path``.
+
+    On any exception the temp file is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        _default_mode(tmp)
+        with os.fdopen(fd, mode, **kw) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path`` for a writer that opens files itself; rename it onto ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        _default_mode(tmp)
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class Tokenizer(Protocol):
+    """Anything with ``encode(str) -> list[int]`` (a Hugging Face tokenizer qualifies)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def encode_text(tokenizer: Tokenizer, text: str, *, continuation: bool = False) -> list[int]:
+    """Token ids of ``text`` as Python ints.
+
+    ``continuation=True`` marks a piece appended to an already tokenised prompt: Hugging Face tokenizers
+    are then called with ``add_special_tokens=False`` so no second BOS lands mid-prompt (tokenizers
+    without that keyword are called plainly). A ``tokenizers.Encoding`` result is unwrapped via ``.ids``.
+    """
+    if continuation:
+        try:
+            ids = tokenizer.encode(text, add_special_tokens=False)  # type: ignore[call-arg]
+        except TypeError:
+            ids = tokenizer.encode(text)
+    else:
+        ids = tokenizer.encode(text)
+    if hasattr(ids, "ids"):
+        ids = ids.ids
+    return [int(x) for x in ids]

@@ -1,0 +1,34 @@
+"""One entry point for every trace: ``load_trace(name_or_path, format=None, **kw)``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from kvlab.workload.alibaba import load_alibaba
+from kvlab.workload.mooncake import load_mooncake
+from kvlab.workload.native import load_jsonl, load_parquet
+from kvlab.workload.registry import TRACES, resolve_trace
+from kvlab.workload.workload import Workload
+
+LOADERS: dict[str, Callable[..., Workload]] = {
+    "mooncake": load_mooncake,
+    "alibaba": load_alibaba,
+    "jsonl": load_jsonl,
+    "parquet": load_parquet,
+}
+
+
+def load_trace(name_or_path: str | os.PathLike, format: str | None = None, **kw: object) -> Workload:
+    """Load a registry trace by name (downloading it if no local copy exists) or a file by path.
+
+    ``format`` is one of ``mooncake``, ``alibaba``, ``jsonl`` (kvlab native), ``parquet``; by default it
+    is the registry's format for a name, else detected from the file name, Parquet magic bytes or the
+    first line's keys. ``kw`` goes to the loader (``name``, ``block_size``, ``sort``, ``tokenizer``...).
+    A registry trace is named after its registry key unless ``name`` is given.
+    """
+    path, fmt = resolve_trace(name_or_path, format=format)
+    key = os.fspath(name_or_path)
+    if key in TRACES and "name" not in kw:
+        kw["name"] = key
+    return LOADERS[fmt](path, **kw)
