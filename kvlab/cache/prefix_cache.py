@@ -80,6 +80,7 @@ class PrefixCache:
         from kvlab.policies import make_policy
 
         self.policy = make_policy(policy, **(policy_params or {}))
+        self.policy.attach(self)
         self._free: deque[KVBlock] = deque(self.blocks)
         self._index: dict[Hashable, dict[int, KVBlock]] = {}
         self._cached = 0  # blocks holding a key (running or evictable)
@@ -106,6 +107,10 @@ class PrefixCache:
     def num_orphan_blocks(self) -> int:
         """Cached blocks whose parent key is not cached: unreachable by any lookup."""
         return self._orphans
+
+    def num_cached_children(self, key: Hashable) -> int:
+        """Cached blocks whose parent is ``key`` (a block with none is a leaf of the prefix tree)."""
+        return self._children.get(key, 0)
 
     def is_orphan(self, block: KVBlock) -> bool:
         return block.parent is not None and block.parent not in self._index

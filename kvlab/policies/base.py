@@ -42,6 +42,10 @@ class EvictionPolicy:
         """This instance's numeric parameters, in the order the compiled hooks read them."""
         return np.zeros(0, dtype=np.float64)
 
+    def attach(self, cache: object) -> None:  # noqa: B027 - optional hook
+        """Called once by the PrefixCache that owns this policy (prefix-aware policies read its index:
+        ``cache.num_cached_children(key)``, ``cache.get(key)``)."""
+
     def prepare(self, encoded: object) -> None:  # noqa: B027 - optional hook
         """Offline policies (Belady) read the trace's future here: an EncodedWorkload whose dense key
         ids are the keys the cache will see. Called once before a replay."""

@@ -6,6 +6,7 @@ from kvlab.workload.generate import synthetic_chat, zipf_blocks
 from kvlab.workload.load import load_trace
 from kvlab.workload.mooncake import load_mooncake
 from kvlab.workload.native import load_jsonl, load_parquet, save_jsonl, save_parquet
+from kvlab.workload.objects import flatten_blocks, object_sequence
 from kvlab.workload.registry import TRACES, detect_format, download, resolve_trace
 from kvlab.workload.text import ByteTokenizer, mt_bench_sessions, rag_prompts, sharegpt_first_turns
 from kvlab.workload.workload import Workload, from_lists
@@ -19,6 +20,7 @@ __all__ = [
     "detect_format",
     "download",
     "expand_to_tokens",
+    "flatten_blocks",
     "from_lists",
     "load_alibaba",
     "load_jsonl",
@@ -26,6 +28,7 @@ __all__ = [
     "load_parquet",
     "load_trace",
     "mt_bench_sessions",
+    "object_sequence",
     "rag_prompts",
     "resolve_trace",
     "save_jsonl",
