@@ -189,34 +189,40 @@ class PrefixCache:
         self.stats.orphan_evictions += orphaned
         return out, evicted
 
-    def cache_block(
+    def cache_blocks(
         self,
-        block: KVBlock,
-        key: Hashable,
-        position: int,
+        blocks: Sequence[KVBlock],
+        keys: Sequence[Hashable],
+        start: int,
         ctx: AccessContext = NO_CONTEXT,
-        *,
-        parent: Hashable | None = None,
-        truth: Hashable | None = None,
+        truths: Sequence | None = None,
     ) -> None:
-        """Give a full, computed, pinned block its key: it becomes findable. Duplicates are kept."""
-        if block.key is not None:
-            raise CapacityError(f"block {block.block_id} already holds a key")
-        block.key, block.position, block.parent, block.truth = key, position, parent, truth
-        held = self._index.get(key)
-        if held is None:
-            self._orphans -= self._children.get(key, 0)  # its cached children become reachable
-        if parent is not None:
-            self._children[parent] = self._children.get(parent, 0) + 1
-            if parent not in self._index:
-                self._orphans += 1
-        if held is None:
-            self._index[key] = {block.block_id: block}
-        else:
-            held[block.block_id] = block
-        self._cached += 1
-        self.stats.inserts += 1
-        self.policy.on_insert(block, ctx)
+        """Give full, computed, pinned blocks their keys: ``blocks[j]`` is position ``start + j`` of the
+        sequence whose full-block keys are ``keys`` (its parent is ``keys[start + j - 1]``). The blocks
+        become findable; a key already cached is kept twice (duplicates are allowed)."""
+        index, children, on_insert = self._index, self._children, self.policy.on_insert
+        for j, block in enumerate(blocks):
+            pos = start + j
+            key = keys[pos]
+            if block.key is not None:
+                raise CapacityError(f"block {block.block_id} already holds a key")
+            parent = keys[pos - 1] if pos else None
+            block.key, block.position, block.parent = key, pos, parent
+            block.truth = None if truths is None else truths[pos]
+            held = index.get(key)
+            if held is None:
+                self._orphans -= children.get(key, 0)  # its cached children become reachable
+            if parent is not None:  # (same order as the compiled kernel, also when parent == key)
+                children[parent] = children.get(parent, 0) + 1
+                if parent not in index:
+                    self._orphans += 1
+            if held is None:
+                index[key] = {block.block_id: block}
+            else:
+                held[block.block_id] = block
+            on_insert(block, ctx)
+        self._cached += len(blocks)
+        self.stats.inserts += len(blocks)
 
     def release(self, blocks: Sequence[KVBlock], ctx: AccessContext = NO_CONTEXT) -> None:
         """Drop one reference to each block, tail first (``blocks`` in prompt order)."""
@@ -294,15 +300,6 @@ class PrefixCache:
         orphans_before = self.stats.orphan_evictions
         new, evicted = self.allocate(num_new, ctx)
         h = len(hits)
-        for j, block in enumerate(new[: len(keys) - h]):
-            pos = h + j
-            self.cache_block(
-                block,
-                keys[pos],
-                pos,
-                ctx,
-                parent=keys[pos - 1] if pos else None,
-                truth=None if truths is None else truths[pos],
-            )
+        self.cache_blocks(new[: len(keys) - h], keys, h, ctx, truths)
         self.stats.collisions += collisions
         return Admission(hits + new, h, num_new, evicted, collisions, self.stats.orphan_evictions - orphans_before)

@@ -9,6 +9,8 @@ Source: vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue), block_pool.py.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numba as nb
 import numpy as np
 
@@ -20,12 +22,15 @@ from kvlab.policies.base import EvictionPolicy, register_policy
 
 @register_policy("lru")
 class LRU(EvictionPolicy):
-    """Least recently *unpinned* first. O(1) per event (insertion-ordered dict as the queue)."""
+    """Least recently *unpinned* first. O(1) per event.
+
+    The queue is an OrderedDict: a plain dict whose front entries are deleted makes ``next(iter())``
+    scan the deleted slots (O(n) until the dict resizes)."""
 
     source = "vLLM v1 prefix caching (FreeKVCacheBlockQueue order)"
 
     def __init__(self) -> None:
-        self._queue: dict[int, KVBlock] = {}
+        self._queue: OrderedDict[int, KVBlock] = OrderedDict()
 
     def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
         del self._queue[block.block_id]
