@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
+from _util import random_token_workload
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,19 +16,6 @@ from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.results import read_results
 from kvlab.sweep import grid, read_sweep, run_sweep
 from kvlab.workload.workload import from_lists
-
-
-def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):
-    """Prompts from a tiny vocabulary with shared prefixes: lots of hits, duplicates and evictions."""
-    rng = np.random.default_rng(seed)
-    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
-    prompts = []
-    for _ in range(n):
-        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
-        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
-        prompts.append(stem + tail)
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
-
 
 COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 
