@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,12 +33,33 @@ def cmd_trace_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policies(names: list[str]) -> list[str]:
+    from kvlab.policies import available_policies
+
+    return available_policies() if names == ["all"] else names
+
+
+def _policy_params(items: list[str]) -> dict:
+    """``key=value`` pairs; values parsed as JSON where possible (numbers, lists), else kept as text."""
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise KvlabError(f"--policy-param expects key=value, got {item!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
 def _replay_configs(args: argparse.Namespace):
     from kvlab.sweep import grid
 
     return grid(
         args.capacity_blocks,
-        policies=args.policy,
+        policies=_policies(args.policy),
+        policy_params=_policy_params(args.policy_param),
         modes=args.mode,
         block_size=args.block_size,
         hash=args.hash,
@@ -58,7 +80,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = replay(workload, configs[0], progress=not args.quiet)
         if args.out:
             result.save(args.out)
-        _print_summary([result.summary])
+        _print_summary([{"trace": workload.name, **result.summary}])
     else:
         table = run_sweep(workload, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
         _print_summary(table.to_dict("records"))
@@ -68,8 +90,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _print_summary(rows: list[dict]) -> None:
-    cols = ["policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
+    cols = ["trace", "policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
             "ideal_hit_rate", "evictions", "replay_seconds"]
+    cols = [c for c in cols if any(c in row for row in rows)]
     print("  ".join(f"{c:>15}" for c in cols))
     for row in rows:
         cells = []
@@ -77,6 +100,32 @@ def _print_summary(rows: list[dict]) -> None:
             v = row.get(c)
             cells.append(f"{v:>15.4f}" if isinstance(v, float) else f"{v!s:>15}")
         print("  ".join(cells))
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Every trace x policy x capacity x mode; one folder per trace plus a combined table."""
+    import pandas as pd
+
+    from kvlab.sweep import run_sweep
+    from kvlab.workload import load_trace
+
+    tables = []
+    for trace in args.traces:
+        workload = load_trace(trace, format=args.format)
+        if args.limit:
+            workload = workload.head(args.limit)
+        out = args.out / workload.name
+        tables.append(run_sweep(workload, _replay_configs(args), out, resume=not args.no_resume,
+                                progress=not args.quiet))
+    table = pd.concat(tables, ignore_index=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = args.out / ".sweep.parquet.tmp"
+    table.to_parquet(tmp, index=False)
+    tmp.replace(args.out / "sweep.parquet")
+    table.to_csv(args.out / "sweep.csv", index=False)
+    _print_summary(table.to_dict("records"))
+    print(f"results written to {args.out}")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -111,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def trace_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("trace", help="path to a trace file, or a known public trace name (kvlab download --list)")
+    def trace_args(sp: argparse.ArgumentParser, many: bool = False) -> None:
+        helptext = "path to a trace file, or a known public trace name (kvlab download --list)"
+        sp.add_argument("traces" if many else "trace", nargs="+" if many else None, help=helptext)
         sp.add_argument("--format", choices=FORMATS, default=None, help="trace format (default: detect)")
         sp.add_argument("--limit", type=int, default=None, help="use only the first N requests")
         sp.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the trace's, or 16)")
@@ -123,19 +173,31 @@ def build_parser() -> argparse.ArgumentParser:
     trace_args(stats)
     stats.set_defaults(func=cmd_trace_stats)
 
+    def run_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--capacity-blocks", type=int, nargs="+", required=True, help="cache capacity in blocks")
+        sp.add_argument("--policy", nargs="+", default=["lru"],
+                        help="eviction policy name(s) (kvlab policies), or 'all'")
+        sp.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="policy constructor argument (repeatable; JSON values)")
+        sp.add_argument("--mode", nargs="+", default=["vllm"], choices=["vllm", "ideal"], help="hit counting mode")
+        sp.add_argument("--engine", default="auto", choices=["auto", "compiled", "python"])
+        sp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
+        sp.add_argument("--root-seed", type=int, default=0)
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--no-resume", action="store_true", help="redo sweep runs already on disk")
+        sp.add_argument("--quiet", action="store_true")
+
     rp = sub.add_parser("replay", help="sequential cache-only replay (one run, or a sweep of several)")
     trace_args(rp)
-    rp.add_argument("--capacity-blocks", type=int, nargs="+", required=True, help="cache capacity in blocks")
-    rp.add_argument("--policy", nargs="+", default=["lru"], help="eviction policy name(s) (kvlab policies)")
-    rp.add_argument("--mode", nargs="+", default=["vllm"], choices=["vllm", "ideal"], help="hit counting mode")
-    rp.add_argument("--engine", default="auto", choices=["auto", "compiled", "python"])
-    rp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
-    rp.add_argument("--root-seed", type=int, default=0)
-    rp.add_argument("--seed", type=int, default=0)
+    run_args(rp)
     rp.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
-    rp.add_argument("--no-resume", action="store_true", help="redo sweep runs already on disk")
-    rp.add_argument("--quiet", action="store_true")
     rp.set_defaults(func=cmd_replay)
+
+    sw = sub.add_parser("sweep", help="replay several traces x policies x capacities into one table")
+    trace_args(sw, many=True)
+    run_args(sw)
+    sw.add_argument("--out", type=Path, required=True, help="results folder: OUT/<trace>/ + OUT/sweep.parquet")
+    sw.set_defaults(func=cmd_sweep)
 
     demo = sub.add_parser("demo", help="the main job on the embedded default workload (no download)")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))

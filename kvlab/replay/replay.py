@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.cache import COUNTING_MODES, AccessContext, PrefixCache
-from kvlab.cache.compiled import ideal_hits_kernel, run_compiled
+from kvlab.cache.compiled import ideal_hits_kernel, run_compiled, warm_up
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
@@ -111,9 +111,10 @@ def replay(
         encoded = encode(workload, config, progress=progress)
     if config.block_size is None:
         config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
-    t0 = time.perf_counter()
     policy = make_policy(config.policy, **config.policy_params)
     use_compiled = policy.compiled is not None and config.engine != "python"
+    compile_s = warm_up(policy.compiled, config.mode == "ideal") if use_compiled else 0.0
+    t0 = time.perf_counter()
     if use_compiled:
         cols = run_compiled(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal",
                             policy.compiled_params())
@@ -135,6 +136,7 @@ def replay(
         engine="compiled" if use_compiled else "python",
         block_lookups=int(len(encoded.key_ids)),
         replay_seconds=replay_s,
+        compile_seconds=compile_s,
     )
     trace = {
         "name": workload.name,
