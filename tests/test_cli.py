@@ -110,3 +110,18 @@ def test_policies_and_download_list(capsys):
     assert "lru" in capsys.readouterr().out
     assert main(["download", "--list"]) == 0
     assert "mooncake_conversation" in capsys.readouterr().out
+
+
+def test_sweep_over_traces_and_all_policies(tmp_path):
+    from kvlab.policies import available_policies
+    from kvlab.workload import save_jsonl, synthetic_chat
+
+    a = save_jsonl(synthetic_chat(120, seed=1), tmp_path / "a.jsonl")
+    b = save_jsonl(synthetic_chat(120, seed=2), tmp_path / "b.jsonl")
+    argv = ["sweep", str(a), str(b), "--block-size", "16", "--capacity-blocks", "64", "256", "--policy", "all",
+            "--out", str(tmp_path / "sw"), "--quiet"]
+    assert main(argv) == 0
+    table = pd.read_parquet(tmp_path / "sw" / "sweep.parquet")
+    assert len(table) == 2 * 2 * len(available_policies())
+    assert table["trace"].nunique() == 2
+    assert (table["token_hit_rate"] <= table["ideal_hit_rate"] + 1e-12).all()
