@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvlab.workload._common import sha256_file as file_sha256  # noqa: F401  (re-exported)
+
 MANIFEST_VERSION = 1
 TRACKED_PACKAGES = ("kvlab", "numpy", "pandas", "pyarrow", "numba", "xxhash", "torch", "transformers")
 
@@ -87,14 +89,6 @@ def git_revision(path: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return rev + ("+dirty" if dirty else "")
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def config_hash(config: dict) -> str:
