@@ -156,6 +156,34 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Serving simulation: scheduler + cost model in simulated time; one results folder."""
+    from kvlab.sim import simulate
+
+    workload = _load(args)
+    result = simulate(
+        workload, model=args.model, hardware=args.hardware, policy=args.policy,
+        policy_params=_policy_params(args.policy_param), capacity_blocks=args.capacity_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate, time_scale=args.time_scale,
+        block_size=args.block_size, tensor_parallel=args.tensor_parallel, dtype=args.dtype, kv_dtype=args.kv_dtype,
+        cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed, fast_forward=not args.no_fast_forward,
+        instances=args.instances, router=args.router, seed=args.seed, progress=not args.quiet,
+    )
+    s = result.summary
+    for key in ("requests", "cost_model", "instances", "capacity_blocks", "block_size", "policy", "time_scale",
+                "token_hit_rate", "ideal_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+                "prefill_throughput", "effective_prefill_throughput", "output_throughput", "evictions",
+                "preemptions", "readmission_hit_tokens", "makespan_s", "sim_seconds"):
+        value = s.get(key)
+        text = f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
+        print(f"{key:<30} {text}")
+    if args.out:
+        result.save(args.out)
+        print(f"results written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -213,6 +241,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     pol = sub.add_parser("policies", help="list registered eviction policies")
     pol.set_defaults(func=cmd_policies)
+
+    sim = sub.add_parser("simulate", help="serving simulation: vLLM-like scheduler + roofline cost model")
+    trace_args(sim)
+    sim.add_argument("--model", default="llama-3-8b", help="shipped model name or config.json path/folder")
+    sim.add_argument("--hardware", default="h100", help="shipped hardware name (h100, h200, a100-80gb, l40s, "
+                     "rtx-4090, cpu-local) or profile JSON path")
+    sim.add_argument("--policy", default="lru", help="eviction policy name (kvlab policies)")
+    sim.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
+                     help="policy constructor argument (repeatable; JSON values)")
+    sim.add_argument("--capacity-blocks", type=int, default=None,
+                     help="KV pool per instance in blocks (default: from model, hardware and utilization)")
+    sim.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    sim.add_argument("--max-num-seqs", type=int, default=256)
+    sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    sim.add_argument("--rate", type=float, default=None, help="scale arrivals to this many requests/s")
+    sim.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (2 = half the load)")
+    sim.add_argument("--instances", type=int, default=1, help="independent serving instances (data parallel)")
+    sim.add_argument("--router", default="prefix", choices=["prefix", "round_robin"],
+                     help="how requests are assigned to instances")
+    sim.add_argument("--tensor-parallel", type=int, default=1, help="devices per instance")
+    sim.add_argument("--dtype", default=None, help="weight dtype override (e.g. float32 on CPU)")
+    sim.add_argument("--kv-dtype", default=None, help="KV cache dtype override (e.g. fp8)")
+    sim.add_argument("--cache-at", default="schedule", choices=["schedule", "compute"],
+                     help="when a computed block becomes findable (schedule = vLLM v1)")
+    sim.add_argument("--no-fast-forward", action="store_true", help="step decode runs one by one (same results)")
+    sim.add_argument("--root-seed", type=int, default=0)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
+    sim.add_argument("--quiet", action="store_true")
+    sim.set_defaults(func=cmd_simulate)
     return p
 
 

@@ -1,0 +1,493 @@
+"""The serving simulator: the shared cache core and scheduler, driven in simulated time by the cost model.
+
+``simulate(workload, model=..., hardware=..., policy=...)`` replays a trace's arrivals (scaled by
+``time_scale`` or to a target ``rate``) through :class:`~kvlab.sim.scheduler.Scheduler` with a
+:class:`CostModelExecutor`, so concurrency and memory pressure shape TTFT, throughput, hits and
+evictions. The KV pool is sized from the model and hardware (``gpu_memory_utilization``) unless
+``capacity_blocks`` is given.
+
+Results use the replay's column and metric names where they mean the same thing (hits are measured at
+a request's first admission; re-admissions after preemption are reported in ``readmission_*``), plus
+latencies and a per-step time series. Times are in seconds of simulated time; sizes in tokens or blocks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from kvlab.cache import AccessContext, PrefixCache
+from kvlab.cache.manager import CACHE_AT, KVCacheManager
+from kvlab.errors import ConfigError
+from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
+from kvlab.metrics import summarize
+from kvlab.policies import EvictionPolicy, make_policy
+from kvlab.results import build_manifest, write_results
+from kvlab.sim.cost import CostModel
+from kvlab.sim.profiles import HardwareProfile, ModelProfile, kv_pool_blocks, load_hardware, load_model
+from kvlab.sim.scheduler import Entry, Request, RequestStatus, Scheduler, SimClock
+from kvlab.workload.workload import Workload
+
+
+class CostModelExecutor:
+    """The simulator's executor: a step lasts what the roofline cost model says (seconds)."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+
+    def execute(self, batch: list[Entry]) -> float:
+        cost = self.cost
+        return float(cost.step_time(*cost.batch_totals((n, c) for _, n, c in batch)))
+
+    def decode_durations(self, contexts: list[int], steps: int) -> np.ndarray:
+        """Durations of ``steps`` identical decode steps (fast forward); element 0 = ``execute`` of the batch."""
+        return self.cost.decode_durations(contexts, steps)
+
+
+@dataclass
+class SimConfig:
+    """Everything that determines a simulation's numbers (profiles by name or path; see :func:`simulate`)."""
+
+    model: str = "llama-3-8b"
+    hardware: str = "h100"
+    policy: str = "lru"
+    policy_params: dict = field(default_factory=dict)
+    capacity_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    rate: float | None = None
+    time_scale: float = 1.0
+    block_size: int | None = None
+    tensor_parallel: int = 1
+    dtype: str | None = None
+    kv_dtype: str | None = None
+    cache_at: str = "schedule"
+    hash: str = "xxh3_128"
+    root_seed: int = 0
+    fast_forward: bool = True
+    instances: int = 1
+    router: str = "prefix"
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.capacity_blocks is not None and self.capacity_blocks < 1:
+            raise ConfigError(f"capacity_blocks must be >= 1, got {self.capacity_blocks}")
+        if self.rate is not None and self.rate <= 0:
+            raise ConfigError(f"rate must be > 0 requests/s, got {self.rate}")
+        if not self.time_scale > 0:
+            raise ConfigError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.rate is not None and self.time_scale != 1.0:
+            raise ConfigError("give either rate or time_scale, not both")
+        if self.cache_at not in CACHE_AT:
+            raise ConfigError(f"cache_at must be one of {CACHE_AT}, got {self.cache_at!r}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.instances < 1:
+            raise ConfigError(f"instances must be >= 1, got {self.instances}")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SimResult:
+    """Per-request rows (trace order), the per-step time series and totals of one simulation."""
+
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    summary: dict
+    config: SimConfig
+    trace: dict
+    model: ModelProfile
+    hardware: HardwareProfile
+
+    def save(self, out: str | Path) -> Path:
+        """Write requests.parquet, timeseries.parquet, summary.json and manifest.json to ``out`` atomically."""
+        config = {**self.config.to_dict(), "model_profile": self.model.to_dict(),
+                  "hardware_profile": self.hardware.to_dict()}
+        manifest = build_manifest(config, trace=self.trace, seed=self.config.seed, driver="simulator")
+        return write_results(out, {"requests": self.requests, "timeseries": self.timeseries}, self.summary, manifest)
+
+
+ROUTERS = ("prefix", "round_robin")
+
+
+def route_requests(keys: list, offsets: list[int], prompt_full: list[int], instances: int,
+                   router: str = "prefix") -> np.ndarray:
+    """The instance (0-based) of each request, a function of the trace alone (static routing).
+
+    ``round_robin``: request i goes to ``i % instances``. ``prefix`` (cache affinity): a request goes by
+    its first prompt block key that is not *hot* (contained in more than ``n / (2 × instances)`` of the
+    ``n`` prompts, such as a system prompt every request shares), so requests that share a conversation
+    or document prefix share an instance and its cache while a shared system prompt does not pull every
+    request onto one instance; a request whose prompt blocks are all hot goes round robin.
+    """
+    n = len(offsets) - 1
+    if instances == 1:
+        return np.zeros(n, dtype=np.int64)
+    if router == "round_robin":
+        return np.arange(n, dtype=np.int64) % instances
+    if router != "prefix":
+        raise ConfigError(f"router must be one of {ROUTERS}, got {router!r}")
+    prompt_keys = [k for i in range(n) for k in keys[offsets[i] : offsets[i] + prompt_full[i]]]
+    counts = np.bincount(np.asarray(prompt_keys, dtype=np.int64)) if prompt_keys else np.zeros(0, np.int64)
+    hot = n / (2 * instances)
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out[i] = i % instances
+        for k in keys[offsets[i] : offsets[i] + prompt_full[i]]:
+            if counts[k] <= hot:
+                mixed = (k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF  # spread dense ids (Fibonacci hashing)
+                out[i] = (mixed >> 32) % instances
+                break
+    return out
+
+
+def _future(requests: list[Request], block_size: int, num_keys: int, label: str) -> EncodedWorkload:
+    """What an offline policy's ``prepare`` reads: the instance's requests' known keys in arrival order."""
+    counts = np.fromiter((len(r.keys) for r in requests), dtype=np.int64, count=len(requests))
+    offsets = np.zeros(len(requests) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    keys = np.fromiter((k for r in requests for k in r.keys), dtype=np.int64, count=int(offsets[-1]))
+    prompt = np.fromiter((r.prompt_tokens for r in requests), dtype=np.int64, count=len(requests))
+    return EncodedWorkload(offsets=offsets, key_ids=keys, num_keys=num_keys, prompt_tokens=prompt,
+                           num_blocks=-(-prompt // block_size), block_size=block_size, hash_label=label)
+
+
+def scaled_arrivals(workload: Workload, *, rate: float | None = None, time_scale: float = 1.0) -> tuple[np.ndarray,
+                                                                                                        float]:
+    """Arrival times in simulated seconds and the factor applied: ``arrival × time_scale``, or with ``rate``
+    (requests/s) the factor that makes the mean rate ``(n - 1) / duration`` equal ``rate``."""
+    arrival = np.asarray(workload.arrival, dtype=np.float64)
+    if rate is not None:
+        duration = workload.duration
+        if len(workload) < 2 or duration <= 0:
+            raise ConfigError("rate needs a trace with at least two distinct arrival times")
+        time_scale = ((len(workload) - 1) / duration) / rate
+    return arrival * time_scale, float(time_scale)
+
+
+def _gather(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concat(values[s : s + c])`` over the ranges, vectorised."""
+    total = int(counts.sum())
+    if total == 0:
+        return values[:0].copy()
+    offsets = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    return values[np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)]
+
+
+def sequence_keys(workload: Workload, hasher: BlockHasher, block_size: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                     np.ndarray, int]:
+    """Dense keys of every request's known full blocks: prompt, then known output tokens (token traces).
+
+    Returns ``(seq_offsets, seq_keys, prompt_full_blocks, num_keys)``: request i's keys are
+    ``seq_keys[seq_offsets[i]:seq_offsets[i + 1]]``, of which the first ``prompt_full_blocks[i]`` are its
+    prompt's (a chained key does not depend on what follows it). Hash traces: prompt keys only.
+    """
+    prompt = np.asarray(workload.input_length, dtype=np.int64)
+    if workload.kind == "tokens" and workload.output_offsets is not None:
+        out_counts = np.diff(workload.output_offsets)
+        n = len(workload)
+        src = np.concatenate([workload.prompt_values, workload.output_values])
+        starts = np.empty(2 * n, dtype=np.int64)
+        counts = np.empty(2 * n, dtype=np.int64)
+        starts[0::2] = workload.prompt_offsets[:-1]
+        counts[0::2] = prompt
+        starts[1::2] = len(workload.prompt_values) + workload.output_offsets[:-1]
+        counts[1::2] = out_counts
+        lengths = prompt + out_counts
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        extended = Workload(
+            arrival=workload.arrival, input_length=lengths, output_length=workload.output_length,
+            prompt_offsets=offsets, prompt_values=_gather(src, starts, counts), kind="tokens",
+            adapter=workload.adapter, salt=workload.salt, name=workload.name,
+        )
+        enc = encode_workload(extended, hasher, block_size)
+    else:
+        enc = encode_workload(workload, hasher, block_size)
+    return enc.offsets, enc.key_ids, prompt // block_size, enc.num_keys
+
+
+def ideal_hits(keys: list, offsets: list[int], prompt: list[int], output: list[int], block_size: int) -> np.ndarray:
+    """Hit blocks per request with unbounded capacity and instant service, in arrival order.
+
+    Request i looks up its prompt's keys (capped at ``(prompt - 1) // block_size`` blocks, stopping at the
+    first miss), then leaves every full block it computes cached: ``(prompt + output - 1) // block_size``
+    of its known keys (output blocks are keyed on token traces only, as in the simulation).
+    """
+    seen: set = set()
+    out = np.zeros(len(prompt), dtype=np.int64)
+    for i, p in enumerate(prompt):
+        a, b = offsets[i], offsets[i + 1]
+        limit = min(b - a, (p - 1) // block_size)
+        h = 0
+        while h < limit and keys[a + h] in seen:
+            h += 1
+        out[i] = h
+        seen.update(keys[a + h : a + min(b - a, (p + output[i] - 1) // block_size)])
+    return out
+
+
+def _labels(col: pd.Categorical | None, n: int) -> list:
+    return [None] * n if col is None else [None if pd.isna(x) else str(x) for x in col]
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    values = values[np.isfinite(values)]
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def simulate(
+    workload: Workload,
+    *,
+    model: str | Path | ModelProfile = "llama-3-8b",
+    hardware: str | Path | HardwareProfile = "h100",
+    policy: str = "lru",
+    policy_params: dict | None = None,
+    capacity_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    rate: float | None = None,
+    time_scale: float = 1.0,
+    block_size: int | None = None,
+    tensor_parallel: int = 1,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    cache_at: str = "schedule",
+    hash: str = "xxh3_128",
+    root_seed: int = 0,
+    fast_forward: bool = True,
+    instances: int = 1,
+    router: str = "prefix",
+    seed: int = 0,
+    progress: bool = False,
+) -> SimResult:
+    """Simulate serving ``workload`` (see the module docstring and docs/simulator.md).
+
+    ``block_size`` defaults to the trace's (hash traces) or 16 (token traces). ``cache_at`` chooses when
+    a computed block becomes findable (``"schedule"``: vLLM v1, in the step that computes it;
+    ``"compute"``: after that step). ``fast_forward=False`` steps decode runs one by one (same results,
+    slower). ``instances`` > 1 simulates that many identical, independent serving instances (data
+    parallel, one pool and scheduler each); ``router`` assigns requests to them (:func:`route_requests`).
+    Output lengths of 0 are served as 1 token (a request samples at least one).
+    """
+    model_p = load_model(model, dtype=dtype, kv_dtype=kv_dtype)
+    hw = load_hardware(hardware)
+    config = SimConfig(
+        model=model_p.name if isinstance(model, ModelProfile) else str(model),
+        hardware=hw.name if isinstance(hardware, HardwareProfile) else str(hardware),
+        policy=policy, policy_params=dict(policy_params or {}), capacity_blocks=capacity_blocks,
+        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, rate=rate, time_scale=time_scale, block_size=block_size,
+        tensor_parallel=tensor_parallel, dtype=dtype, kv_dtype=kv_dtype, cache_at=cache_at, hash=hash,
+        root_seed=root_seed, fast_forward=fast_forward, instances=instances, router=router, seed=seed,
+    )
+    config.validate()
+    bs = block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    cost = CostModel(model_p, hw, tensor_parallel=tensor_parallel)
+    capacity = capacity_blocks or kv_pool_blocks(
+        model_p, hw, bs, gpu_memory_utilization=gpu_memory_utilization, tensor_parallel=tensor_parallel,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+    )
+    arrival, scale = scaled_arrivals(workload, rate=rate, time_scale=time_scale)
+    hasher = BlockHasher(hash, root_seed=root_seed, model_id=model_p.name)
+    seq_off, seq_keys, prompt_full, num_keys = sequence_keys(workload, hasher, bs)
+
+    n = len(workload)
+    prompt = np.asarray(workload.input_length, dtype=np.int64)
+    out_len = np.asarray(workload.output_length, dtype=np.int64)
+    keys_all = seq_keys.tolist()
+    offs = seq_off.tolist()
+    rid = workload.request_id.tolist()
+    tenant, category = _labels(workload.tenant, n), _labels(workload.category, n)
+    turn = workload.turn.tolist() if workload.turn is not None else [-1] * n
+    arr = arrival.tolist()
+    p_list, o_list = prompt.tolist(), np.maximum(out_len, 1).tolist()
+    requests = [
+        Request(
+            request_id=rid[r], prompt_tokens=p_list[r], keys=keys_all[offs[r]:offs[r + 1]],
+            ctx=AccessContext(time=arr[r], seq=r, request_id=rid[r], tenant=tenant[r], category=category[r],
+                              turn=turn[r], prompt_tokens=p_list[r]),
+            row=r, arrival=arr[r], output_length=o_list[r],
+        )
+        for r in range(n)
+    ]
+
+    route = route_requests(keys_all, offs, prompt_full.tolist(), instances, router)
+    bar = tqdm(total=n, disable=not progress, desc=f"simulate {policy}", unit="req", mininterval=0.5)
+    schedulers: list[Scheduler] = []
+    t0 = time.perf_counter()
+    try:
+        for inst in range(instances):
+            rows = np.flatnonzero(route == inst).tolist()
+            reqs = [requests[r] for r in rows]
+            for seq, req in enumerate(reqs):
+                req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
+            pol = make_policy(policy, **(policy_params or {}))
+            if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
+                pol.prepare(_future(reqs, bs, num_keys, hasher.label))
+            manager = KVCacheManager(PrefixCache(capacity, pol, block_size=bs), cache_at=cache_at)
+            scheduler = Scheduler(
+                manager, CostModelExecutor(cost), SimClock(), max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, fast_forward=fast_forward,
+                on_finish=(lambda _req: bar.update()) if progress else None,
+            )
+            scheduler.run(reqs)
+            schedulers.append(scheduler)
+    finally:
+        bar.close()
+    sim_s = time.perf_counter() - t0
+
+    ideal = ideal_hits(keys_all, offs, p_list, o_list, bs)
+    frame = _requests_frame(workload, requests, arrival, prompt, prompt_full, ideal, bs)
+    if instances > 1:
+        frame["instance"] = route
+    block_bytes = bs * model_p.kv_bytes_per_token
+    series = []
+    for inst, scheduler in enumerate(schedulers):
+        ts = scheduler.timeseries()
+        ts.insert(0, "instance", inst)
+        series.append(ts)
+    timeseries = pd.concat(series, ignore_index=True)
+    timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
+    timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
+    summary = _summary(frame, timeseries, schedulers, cost, capacity, bs, scale, config, sim_s)
+    trace = {
+        "name": workload.name, "source": workload.source, "sha256": workload.checksum, "requests": n,
+        "kind": workload.kind, "trace_block_size": workload.block_size,
+    }
+    return SimResult(frame, timeseries, summary, config, trace, model_p, hw)
+
+
+def _requests_frame(workload: Workload, requests: list[Request], arrival: np.ndarray, prompt: np.ndarray,
+                    prompt_full: np.ndarray, ideal: np.ndarray, bs: int) -> pd.DataFrame:
+    def col(name: str, dtype: type = np.int64) -> np.ndarray:
+        return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
+
+    status = col("status")
+    admitted = col("admissions") > 0
+    hit_blocks = col("hit_blocks")
+    first = col("first_token_s", np.float64)
+    finished = col("finished_s", np.float64)
+    out = col("output_length")
+    frame = pd.DataFrame({
+        "request_id": workload.request_id,
+        "arrival": arrival,
+        "prompt_tokens": prompt,
+        "output_tokens": workload.output_length,
+        "full_blocks": prompt_full,
+        "hit_blocks": hit_blocks,
+        "hit_tokens": np.minimum(hit_blocks * bs, prompt),
+        "new_blocks": col("new_blocks"),
+        "evictions": col("evictions"),
+        "orphan_evictions": col("orphan_evictions"),
+        "admitted": admitted,
+        "cached_blocks": col("cached_blocks"),
+        "orphan_blocks": col("orphan_blocks"),
+        "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
+        "admitted_s": col("admitted_s", np.float64),
+        "first_token_s": first,
+        "finished_s": finished,
+        "ttft_s": first - arrival,
+        "tpot_s": np.where(out > 1, (finished - first) / np.maximum(out - 1, 1), np.nan),
+        "latency_s": finished - arrival,
+        "queue_s": col("admitted_s", np.float64) - arrival,
+        "preemptions": col("preemptions"),
+        "readmission_hit_blocks": col("readmission_hit_blocks"),
+        "readmission_hit_tokens": col("readmission_hit_blocks") * bs,
+        "computed_prompt_tokens": col("computed_prompt_tokens"),
+        "prefill_tokens": col("prefill_tokens"),
+        "computed_tokens": col("computed_tokens"),
+        "rejected": status == RequestStatus.REJECTED,
+    })
+    for name in ("session", "turn", "tenant", "category"):
+        c = getattr(workload, name)
+        if c is not None:
+            frame[name] = c
+    return frame
+
+
+def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler], cost: CostModel, capacity: int,
+             bs: int, scale: float, config: SimConfig, sim_s: float) -> dict:
+    """Replay metric names (hit rates, evictions) plus latency, throughput, memory and tier metrics.
+
+    With several instances, busy times add up (device-seconds), ``makespan_s`` is the latest finish,
+    ``capacity_blocks`` and the ``kv_memory_*`` figures are per instance (peak: the largest instance's).
+    """
+    done = frame[frame["admitted"]]
+    end = max(s.clock.now() for s in schedulers)
+    makespan = float(end - frame["arrival"].min()) if len(frame) else 0.0
+    summary = summarize(frame, duration_s=makespan, capacity=capacity)
+    summary["rejected_requests"] = int(frame["rejected"].sum())
+    ttft, tpot = done["ttft_s"].to_numpy(), done["tpot_s"].to_numpy()
+    for q in (50, 90, 99):
+        summary[f"ttft_p{q}_s"] = _pct(ttft, q)
+    summary["ttft_mean_s"] = float(np.nanmean(ttft)) if len(ttft) else math.nan
+    for q in (50, 90, 99):
+        summary[f"tpot_p{q}_s"] = _pct(tpot, q)
+    summary["latency_p50_s"] = _pct(done["latency_s"].to_numpy(), 50)
+    prefill_s = sum(s.prefill_busy_s for s in schedulers)
+    busy_s = sum(s.busy_s for s in schedulers)
+    block_bytes = bs * cost.model.kv_bytes_per_token
+    peak = mean = final = 0
+    for _, part in ts.groupby("instance", sort=True):
+        run, w = part["kv_running_blocks"].to_numpy(), part["duration_s"].to_numpy()
+        peak = max(peak, int(run.max()))
+        mean += float((run * w).sum() / w.sum()) / len(schedulers) if w.sum() else 0.0
+        final += int(part["kv_cached_blocks"].iloc[-1])
+    hits = int(done["hit_blocks"].sum() + done["readmission_hit_blocks"].sum())
+    recomputed = done["computed_tokens"] - (done["prompt_tokens"] - done["hit_tokens"]) - (
+        np.maximum(done["output_tokens"], 1) - 1)
+    arrival = frame["arrival"].to_numpy()
+    span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else 0.0
+    summary.update(
+        prefill_throughput=float(done["prefill_tokens"].sum()) / prefill_s if prefill_s else 0.0,
+        effective_prefill_throughput=float(done["prompt_tokens"].sum()) / prefill_s if prefill_s else 0.0,
+        output_throughput=float(np.maximum(done["output_tokens"], 1).sum()) / makespan if makespan else 0.0,
+        request_throughput=len(done) / makespan if makespan else 0.0,
+        makespan_s=makespan,
+        busy_s=busy_s,
+        prefill_busy_s=prefill_s,
+        utilization=busy_s / (makespan * len(schedulers)) if makespan else 0.0,
+        preemptions=int(frame["preemptions"].sum()),
+        readmission_hit_tokens=int(done["readmission_hit_tokens"].sum()),
+        recomputed_tokens=int(recomputed.sum()),
+        saved_prefill_flops=float(cost.saved_prefill_flops(done["prompt_tokens"], done["hit_tokens"]).sum()),
+        kv_bytes_per_token=cost.model.kv_bytes_per_token,
+        kv_bytes_per_block=block_bytes,
+        kv_memory_peak_running_blocks=peak,
+        kv_memory_mean_running_blocks=mean,
+        kv_memory_peak_running_bytes=peak * block_bytes,
+        kv_memory_final_cached_blocks=final,
+        tier_hits_hbm=hits,
+        tier_bytes_hbm=hits * block_bytes,
+        capacity_blocks=capacity,
+        block_size=bs,
+        policy=config.policy,
+        cache_at=config.cache_at,
+        model=cost.model.name,
+        hardware=cost.hardware.name,
+        tensor_parallel=cost.tensor_parallel,
+        instances=len(schedulers),
+        router=config.router,
+        calibration="calibrated" if cost.calibrated else "uncalibrated",
+        cost_model=cost.label,
+        time_scale=scale,
+        rate=(len(frame) - 1) / span if span > 0 else None,
+        steps=sum(s.num_steps for s in schedulers),
+        iterations=sum(s.num_iterations for s in schedulers),
+        sim_seconds=sim_s,
+    )
+    return summary
