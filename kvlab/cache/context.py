@@ -9,8 +9,9 @@ from dataclasses import dataclass
 class AccessContext:
     """The request-level context of a cache event.
 
-    ``time`` is in seconds (trace time in the replay and simulator, wall time in the engine);
-    ``seq`` is a logical clock: the index of the request in the driver's admission order.
+    ``time`` is the request's arrival time in seconds of trace time, in every driver (so time-aware
+    policies behave the same in the replay, the simulator and the engine); ``seq`` is a logical clock:
+    the request's index in the trace.
     ``prompt_tokens`` is the request's prompt length in tokens. The block index in the request is
     the block's own ``position``.
     """
