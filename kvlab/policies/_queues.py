@@ -1,0 +1,369 @@
+"""Ordered queues shared by the classic policies (not a policy: the package skips ``_`` modules).
+
+* :class:`KeyedQueue` (Python): the evictable blocks ordered by a numeric key, smallest first and equal
+  keys in push order (deterministic), in a heap with lazy deletion. O(log n) per event.
+* :class:`BucketQueue` (Python): the same order for integer keys, one bucket per key; O(1) per event
+  but when a key gets its first block.
+* :class:`FifoQueue` (Python): members in entry order whose pinned members keep their place; O(1) per
+  event but for members pinned while at the head; the same order as the numba ``fq_*`` queues.
+* ``heap_*`` (numba): an *indexed* binary min-heap over block ids ordered by two int64 keys; removal
+  of any member is O(log n). Keyed by (key, push stamp) it gives a KeyedQueue's or BucketQueue's
+  order, which keeps compiled twins hit for hit equal to their Python classes.
+* ``fq_*`` (numba): FIFO queues whose pinned members keep their place, O(1) per event but for the
+  rare parked block (O(log n)).
+* ``dl_*`` (numba): doubly linked lists with sentinels.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from heapq import heapify, heappop, heappush
+
+import numba as nb
+
+from kvlab.cache.block import KVBlock
+
+
+class KeyedQueue:
+    """Evictable blocks ordered by ``(key, push stamp)``: smallest key first, equal keys in push order.
+
+    Heap entries are flat ``(key, stamp, block_id)`` tuples (``key`` an int or float), ``stamp`` unique
+    per push; an entry is live while ``_entry[bid]`` still holds its ``(key, stamp)``. Invariant:
+    ``len(self)`` is the number of evictable members. A pinned member's entry stays in the heap (it is
+    dropped when it reaches the top); unpinning pushes a new one.
+    """
+
+    __slots__ = ("_clock", "_entry", "_heap", "_live")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple] = []
+        self._entry: dict[int, tuple] = {}
+        self._live: dict[int, KVBlock] = {}
+        self._clock = 0
+
+    def push(self, block: KVBlock, key: float) -> None:
+        """``block`` is evictable with ``key``, after every block already pushed with an equal key."""
+        bid = block.block_id
+        self._live[bid] = block
+        s = self._clock
+        self._clock = s + 1
+        self._entry[bid] = (key, s)
+        heap = self._heap
+        heappush(heap, (key, s, bid))
+        if len(heap) > 2 * len(self._entry) + 1024:
+            self._heap = [(k, st, b) for b, (k, st) in self._entry.items()]
+            heapify(self._heap)
+
+    def pin(self, bid: int) -> None:
+        """Take a member out of the candidates, keeping its entry (and so its place)."""
+        del self._live[bid]
+
+    def remove(self, bid: int) -> None:
+        """Forget a member (evicted, removed or moved to another queue)."""
+        self._live.pop(bid, None)
+        self._entry.pop(bid, None)
+
+    def first(self) -> KVBlock | None:
+        """The evictable member with the smallest ``(key, stamp)``, or None."""
+        heap, entry, live = self._heap, self._entry, self._live
+        while heap:
+            _, s, bid = heap[0]
+            e = entry.get(bid)
+            if e is not None and e[1] == s:
+                block = live.get(bid)
+                if block is not None:
+                    return block
+                del entry[bid]  # pinned: its entry leaves the heap, push() makes a new one
+            heappop(heap)
+        return None
+
+    def __contains__(self, bid: int) -> bool:
+        return bid in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+class BucketQueue:
+    """Evictable blocks ordered by an integer key, equal keys in push order: one insertion-ordered bucket
+    per key and a heap of the keys in use. O(1) per event but when a key gets its first block (O(log n)).
+
+    Gives the same order as a :class:`KeyedQueue` with integer keys. Invariants: ``_where[bid]`` is the
+    key of each member; every non-empty bucket's key is in ``_keys`` (``_in_heap`` mirrors the heap;
+    keys of emptied buckets are dropped when they reach the top).
+    """
+
+    __slots__ = ("_buckets", "_in_heap", "_keys", "_where")
+
+    def __init__(self) -> None:
+        self._where: dict[int, int] = {}
+        self._buckets: dict[int, OrderedDict[int, KVBlock]] = {}
+        self._keys: list[int] = []
+        self._in_heap: set[int] = set()
+
+    def push(self, block: KVBlock, key: int) -> None:
+        """Add ``block`` (not a member) as the last of ``key``."""
+        bid = block.block_id
+        self._where[bid] = key
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = OrderedDict()
+            if key not in self._in_heap:
+                self._in_heap.add(key)
+                heappush(self._keys, key)
+        bucket[bid] = block
+
+    def remove(self, bid: int) -> None:
+        """Drop a member (pinned, evicted or removed)."""
+        key = self._where.pop(bid)
+        bucket = self._buckets[key]
+        del bucket[bid]
+        if not bucket:
+            del self._buckets[key]
+
+    def first(self) -> KVBlock:
+        """The first block of the smallest key (the queue must not be empty)."""
+        keys, buckets = self._keys, self._buckets
+        while True:
+            bucket = buckets.get(keys[0])
+            if bucket:
+                return next(iter(bucket.values()))
+            self._in_heap.discard(heappop(keys))
+
+    def __contains__(self, bid: int) -> bool:
+        return bid in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+class FifoQueue:
+    """Members in entry order, oldest first; a pinned member keeps its place. O(1) per event but for
+    members pinned while at the head (then O(log n)).
+
+    The same structure as the compiled ``fq_*`` queues: ``_order`` holds members in entry order; a
+    pinned member met at the head is *parked* (taken out); when unpinned it joins ``_front``, a heap of
+    ``(stamp, bid, block)`` whose members are all older than every ``_order`` member, so the queue's
+    order is "``_front`` by stamp, then ``_order``". Invariants: ``_stamp`` has every member (a front
+    entry is stale unless its stamp is still the member's); ``_pinned`` is a subset of the members.
+    """
+
+    __slots__ = ("_clock", "_front", "_order", "_parked", "_pinned", "_stamp")
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, KVBlock] = OrderedDict()
+        self._front: list[tuple] = []
+        self._stamp: dict[int, int] = {}
+        self._pinned: set[int] = set()
+        self._parked: dict[int, KVBlock] = {}
+        self._clock = 0
+
+    def append(self, block: KVBlock) -> None:
+        """Add an unpinned block as the youngest member."""
+        bid = block.block_id
+        self._stamp[bid] = self._clock
+        self._clock += 1
+        self._order[bid] = block
+
+    def pin(self, bid: int) -> None:
+        self._pinned.add(bid)
+
+    def unpin(self, bid: int) -> None:
+        self._pinned.discard(bid)
+        block = self._parked.pop(bid, None)
+        if block is not None:
+            heappush(self._front, (self._stamp[bid], bid, block))
+
+    def first(self) -> KVBlock | None:
+        """The oldest unpinned member, or None (pinned members met on the way are parked)."""
+        front, stamp, pinned = self._front, self._stamp, self._pinned
+        while front:
+            s, bid, block = front[0]
+            if stamp.get(bid) != s:  # removed since
+                heappop(front)
+            elif bid in pinned:
+                heappop(front)
+                self._parked[bid] = block
+            else:
+                return block
+        order = self._order
+        while order:
+            bid = next(iter(order))
+            if bid not in pinned:
+                return order[bid]
+            self._parked[bid] = order.pop(bid)
+        return None
+
+    def remove(self, bid: int) -> None:
+        """Drop a member, wherever it is (a front entry goes stale)."""
+        if self._order.pop(bid, None) is None:
+            self._parked.pop(bid, None)
+        del self._stamp[bid]
+        self._pinned.discard(bid)
+
+    def __contains__(self, bid: int) -> bool:
+        return bid in self._stamp
+
+    @property
+    def members(self) -> int:
+        """Members, pinned or not."""
+        return len(self._stamp)
+
+    def __len__(self) -> int:
+        """Unpinned members."""
+        return len(self._stamp) - len(self._pinned)
+
+
+# ---------------------------------------------------------------------- numba helpers
+# Compiled state lives in a few 2-D int64 arrays (one row per per-block field) plus a meta vector ``M``:
+# numba increments and decrements the reference count of every array a hook unpacks or passes on, so
+# few arrays keep hooks cheap. Helpers take the array, the row numbers and meta slots they use.
+#
+# Indexed heap: rows ``H`` (slots), ``P`` (slot of each block, -1 if absent), keys ``K1``, ``K2``;
+# size in ``M[N]``; order ``(B[K1, b], B[K2, b])``, smallest first.
+
+
+@nb.njit(cache=True)
+def _sift_up(B, H, P, K1, K2, i):
+    b = B[H, i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        pb = B[H, parent]
+        if B[K1, b] > B[K1, pb] or (B[K1, b] == B[K1, pb] and B[K2, b] >= B[K2, pb]):
+            break
+        B[H, i] = pb
+        B[P, pb] = i
+        i = parent
+    B[H, i] = b
+    B[P, b] = i
+
+
+@nb.njit(cache=True)
+def _sift_down(B, H, P, K1, K2, size, i):
+    b = B[H, i]
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size:
+            left, right = B[H, c], B[H, c + 1]
+            if B[K1, right] < B[K1, left] or (B[K1, right] == B[K1, left] and B[K2, right] < B[K2, left]):
+                c += 1
+        cb = B[H, c]
+        if B[K1, cb] > B[K1, b] or (B[K1, cb] == B[K1, b] and B[K2, cb] >= B[K2, b]):
+            break
+        B[H, i] = cb
+        B[P, cb] = i
+        i = c
+    B[H, i] = b
+    B[P, b] = i
+
+
+@nb.njit(cache=True)
+def heap_push(B, M, H, P, K1, K2, N, b):
+    """Add ``b`` (not a member) with its current keys."""
+    i = M[N]
+    M[N] = i + 1
+    B[H, i] = b
+    B[P, b] = i
+    _sift_up(B, H, P, K1, K2, i)
+
+
+@nb.njit(cache=True)
+def heap_remove(B, M, H, P, K1, K2, N, b):
+    """Remove member ``b``."""
+    i = B[P, b]
+    B[P, b] = -1
+    last_i = M[N] - 1
+    M[N] = last_i
+    if i == last_i:
+        return
+    last = B[H, last_i]
+    B[H, i] = last
+    B[P, last] = i
+    _sift_down(B, H, P, K1, K2, last_i, i)
+    if B[P, last] == i:
+        _sift_up(B, H, P, K1, K2, i)
+
+
+@nb.njit(cache=True)
+def heap_fix(B, M, H, P, K1, K2, N, b):
+    """Restore the order after member ``b``'s keys changed."""
+    _sift_up(B, H, P, K1, K2, B[P, b])
+    _sift_down(B, H, P, K1, K2, M[N], B[P, b])
+
+
+# FIFO queues whose pinned members keep their place. Rows ``NXT``/``PRV`` (links; the queue's sentinel is
+# column ``s``), ``LOC`` (0 absent, 1 in the list, 2 in the front heap, 3 parked), ``PIN`` (pinned), and
+# a front heap (rows ``H``, ``P``, ``K1`` = zeros, ``K2`` = stamps; size ``M[N]``). A pinned block that
+# reaches the head is *parked* (unlinked); when unpinned it joins the front heap, whose members are all
+# older than every list member (they were at the head), so the queue's order is "front heap by stamp,
+# then the list": the stamp order of its unpinned members. Appended blocks must carry the largest stamp.
+
+
+@nb.njit(cache=True)
+def fq_append(B, NXT, PRV, LOC, s, b):
+    """Link ``b`` at the tail of the queue with sentinel ``s``."""
+    last = B[PRV, s]
+    B[NXT, last] = b
+    B[PRV, b] = last
+    B[NXT, b] = s
+    B[PRV, s] = b
+    B[LOC, b] = 1
+
+
+@nb.njit(cache=True)
+def fq_first(B, M, NXT, PRV, LOC, PIN, H, P, K1, K2, N, s):
+    """The oldest unpinned member of the queue with sentinel ``s`` (-1 if none); parks pinned heads."""
+    while True:
+        if M[N] > 0:
+            b = B[H, 0]
+            if B[PIN, b] == 0:
+                return b
+            heap_remove(B, M, H, P, K1, K2, N, b)
+        else:
+            b = B[NXT, s]
+            if b == s:
+                return -1
+            if B[PIN, b] == 0:
+                return b
+            B[NXT, B[PRV, b]] = B[NXT, b]
+            B[PRV, B[NXT, b]] = B[PRV, b]
+        B[LOC, b] = 3
+
+
+@nb.njit(cache=True)
+def fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, N, b):
+    """Take ``b`` out of its queue, wherever it is."""
+    where = B[LOC, b]
+    if where == 1:
+        B[NXT, B[PRV, b]] = B[NXT, b]
+        B[PRV, B[NXT, b]] = B[PRV, b]
+    elif where == 2:
+        heap_remove(B, M, H, P, K1, K2, N, b)
+    B[LOC, b] = 0
+
+
+@nb.njit(cache=True)
+def fq_unpin(B, M, LOC, PIN, H, P, K1, K2, N, b):
+    """``b`` (a member) was unpinned: if parked, it rejoins its queue at its old place (the front heap)."""
+    B[PIN, b] = 0
+    if B[LOC, b] == 3:
+        heap_push(B, M, H, P, K1, K2, N, b)
+        B[LOC, b] = 2
+
+
+@nb.njit(cache=True)
+def dl_append(B, NXT, PRV, s, x):
+    """Doubly linked list on rows ``NXT``/``PRV``: link ``x`` before sentinel ``s`` (at the MRU end)."""
+    last = B[PRV, s]
+    B[NXT, last] = x
+    B[PRV, x] = last
+    B[NXT, x] = s
+    B[PRV, s] = x
+
+
+@nb.njit(cache=True)
+def dl_unlink(B, NXT, PRV, x):
+    B[NXT, B[PRV, x]] = B[NXT, x]
+    B[PRV, B[NXT, x]] = B[PRV, x]

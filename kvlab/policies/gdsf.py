@@ -1,0 +1,108 @@
+"""GDSF: Greedy-Dual-Size-Frequency with a recompute-cost model for KV blocks.
+
+Source: L. Cherkasova, "Improving WWW Proxies Performance with Greedy-Dual-Size-Frequency Caching
+Policy", HP Labs HPL-98-69R1 (1998); libCacheSim's GDSF applies the same rule with a constant cost.
+
+Each block has priority ``H = L + frequency * cost / size``; the evictable block with the lowest ``H``
+is evicted and the clock ``L`` becomes its ``H`` (so ``L`` never decreases and old blocks age out).
+
+Choices:
+
+* ``size`` is 1 (every KV block has the same size).
+* ``frequency`` counts accesses since the block got its key: 1 at insert, +1 per hit (hits on blocks
+  that are pinned by another running request count too). Frequency and priority do not survive
+  eviction (the block's state is dropped with its key), as in classic GDSF.
+* ``H`` is recomputed with the current ``L`` at every access (insert or hit) and the block enters the
+  order when it is unpinned.
+* ``cost`` is the block's recompute cost relative to the linear (weight) FLOPs of one block. Token ``j``
+  (1..B) of block ``p`` (0-based, block size ``B``) attends over ``p*B + j`` tokens, so the mean context is
+  ``p*B + (B+1)/2`` and ``cost(p) = 1 + attention_ratio * (p*B + (B+1)/2)``: later blocks cost more.
+  ``attention_ratio`` is the attention FLOPs per context token over the linear FLOPs per token,
+  ``4*layers*d_model / (2*params)``; the default 3.9e-5 is Llama-2-7B's (32 layers, d_model 4096,
+  6.74e9 parameters). ``attention_ratio=0`` gives a constant cost (GDSF degenerates to LFU with aging).
+* Ties in ``H`` go to the least recently unpinned block (a released sequence's tail first).
+* Not prefix-aware: a sequence's head is its cheapest block, so GDSF gives heads up first and leaves
+  their descendants unreachable (``orphan_blocks``); ``pgdsf`` evicts leaves only.
+
+Units: ``L`` and ``H`` in cost units (linear FLOPs of one block); ``block_size`` (from the cache) in tokens.
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+from kvlab.cache.block import KVBlock
+from kvlab.cache.context import AccessContext
+from kvlab.errors import ConfigError
+from kvlab.policies._heap import HeapPolicy
+from kvlab.policies.base import register_policy
+
+LLAMA2_7B_ATTENTION_RATIO = 4 * 32 * 4096 / (2 * 6.74e9)
+
+
+def block_cost(position: int, block_size: int, attention_ratio: float) -> float:
+    """Recompute cost of the block at ``position``, in units of one block's linear FLOPs."""
+    return 1.0 + attention_ratio * (position * block_size + (block_size + 1) / 2)
+
+
+@register_policy("gdsf")
+class GDSF(HeapPolicy):
+    """Evict the lowest ``L + frequency * cost(position)``; ``L`` = priority of the last victim."""
+
+    source = "Cherkasova 1998 (GDSF); cost = recompute FLOPs of the block at its position"
+
+    def __init__(self, attention_ratio: float = LLAMA2_7B_ATTENTION_RATIO) -> None:
+        super().__init__()
+        if not attention_ratio >= 0:
+            raise ConfigError(f"gdsf: attention_ratio must be >= 0, got {attention_ratio}")
+        self.attention_ratio = float(attention_ratio)
+        self.clock = 0.0
+        self._freq: list[int] = []
+        self._cost: list[float] = []
+        self._prio: list[float] = []
+        self._block_size = 1
+
+    def attach(self, cache: object) -> None:
+        super().attach(cache)
+        n = cache.num_blocks  # type: ignore[attr-defined]
+        self._block_size = cache.block_size  # type: ignore[attr-defined]
+        self._freq = [0] * n
+        self._cost = [0.0] * n
+        self._prio = [0.0] * n
+
+    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        c = block_cost(block.position, self._block_size, self.attention_ratio)
+        self._freq[bid] = 1
+        self._cost[bid] = c
+        self._prio[bid] = self.clock + c
+
+    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        f = self._freq[bid] + 1
+        self._freq[bid] = f
+        self._prio[bid] = self.clock + f * self._cost[bid]
+
+    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id  # HeapPolicy._push, inlined
+        s = self._next
+        self._next = s + 1
+        self._stamp[bid] = s
+        e = (self._prio[bid], s, bid)
+        run = self._run
+        if not run or e > run[-1]:
+            run.append(e)
+        else:
+            heappush(self._heap, e)
+        self._n += 1
+
+    def on_evict(self, block: KVBlock) -> None:
+        bid = block.block_id
+        h = self._prio[bid]
+        if h > self.clock:
+            self.clock = h
+        self._stamp[bid] = 0
+        self._n -= 1
+
+    def on_remove(self, block: KVBlock) -> None:
+        HeapPolicy.on_evict(self, block)
