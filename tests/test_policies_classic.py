@@ -22,9 +22,9 @@ lcs = pytest.importorskip("libcachesim")
 
 CLASSIC = ["fifo", "mru", "clock", "sieve", "s3fifo", "arc", "2q", "slru", "lfu", "lfuda", "lfu-halflife"]
 COMPILED = ["fifo", "sieve", "s3fifo", "arc", "lfu"]
-# orphan_evictions is left out on purpose: the compiled kernel keys each new block right after taking it,
-# the Python core after taking all of a request's blocks, so "was the victim orphaned" can differ.
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks"]
+# both engines allocate all of a request's new blocks before keying them (vLLM's order), so every
+# column, orphan_evictions included, must agree
+COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 
 
 def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):

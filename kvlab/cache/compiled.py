@@ -164,32 +164,33 @@ def replay_kernel(
                 n_cached -= 1
                 ev += 1
             ref[b] = 1
-            pos = h + j
-            if pos < nfull:
-                k = key_ids[start + pos]
-                p = key_ids[start + pos - 1] if pos > 0 else -1
-                if key_head[k] < 0:
-                    n_orphans -= children[k]
-                if p >= 0:
-                    children[p] += 1
-                    if key_head[p] < 0:
-                        n_orphans += 1
-                bkey[b] = k
-                bparent[b] = p
-                if verify:
-                    btruth[b] = truth_ids[start + pos]
-                t = key_tail[k]
-                same_prev[b] = t
-                same_next[b] = -1
-                if t >= 0:
-                    same_next[t] = b
-                else:
-                    key_head[k] = b
-                key_tail[k] = b
-                n_cached += 1
-                on_insert(state, b, k, r, pos)
-            req_blocks[pos] = b
+            req_blocks[h + j] = b
         evictions[r] = ev
+        # key the new full blocks (after all allocations, as vLLM's cache_full_blocks does)
+        for pos in range(h, nfull):
+            b = req_blocks[pos]
+            k = key_ids[start + pos]
+            p = key_ids[start + pos - 1] if pos > 0 else -1
+            if key_head[k] < 0:
+                n_orphans -= children[k]
+            if p >= 0:
+                children[p] += 1
+                if key_head[p] < 0:
+                    n_orphans += 1
+            bkey[b] = k
+            bparent[b] = p
+            if verify:
+                btruth[b] = truth_ids[start + pos]
+            t = key_tail[k]
+            same_prev[b] = t
+            same_next[b] = -1
+            if t >= 0:
+                same_next[t] = b
+            else:
+                key_head[k] = b
+            key_tail[k] = b
+            n_cached += 1
+            on_insert(state, b, k, r, pos)
         # release tail first: keyed -> evictable (policy), unkeyed -> free queue front
         for i in range(total - 1, -1, -1):
             b = req_blocks[i]
