@@ -50,6 +50,7 @@ from kvlab.engine.model import (
     cache_length,
     forward_logits,
     kv_from_cache,
+    masked_gqa,
     model_device,
     model_dtype,
     model_id,
@@ -194,7 +195,8 @@ class SequenceState:
 class PrefillResult:
     """What one prefill did. ``state`` is None when the request was not admitted (nothing changed).
 
-    Times (seconds, device-synchronised): ``lookup_s`` hashing, lookup and allocation; ``gather_s`` pool
+    Times (seconds, device-synchronised): ``lookup_s`` hashing, lookup and allocation (``hash_s`` of it:
+    the prompt's block keys, 0 when the request was hashed before, as ``run`` does); ``gather_s`` pool
     -> working cache; ``forward_s`` the suffix forward; ``scatter_s`` working cache -> pool and keying;
     ``prefill_s`` the whole call, which is the TTFT when the request did not queue.
     """
@@ -217,6 +219,7 @@ class PrefillResult:
     scatter_s: float = 0.0
     prefill_s: float = 0.0
     state: SequenceState | None = None
+    hash_s: float = 0.0
 
 
 @dataclass
@@ -465,7 +468,8 @@ class Engine:
             t1 = time.perf_counter()
             first = start + (self.faults.get("position_offset", 0) if gathered and start > 0 else 0)
             pos = torch.arange(first, first + ids.shape[1], device=dev).view(1, -1)
-            logits = forward_logits(self.model, ids, pos, working)
+            with masked_gqa(dev.type == "cpu" and ids.shape[1] > 1 and start > 0):
+                logits = forward_logits(self.model, ids, pos, working)
             _sync(dev)
             t2 = time.perf_counter()
             self.pool.write(block_ids, start, kv_from_cache(working, start))
@@ -483,11 +487,13 @@ class Engine:
         _sync(dev)
         t0 = time.perf_counter()
         p = len(request.tokens)
+        self.request_keys(request)
+        hash_s = time.perf_counter() - t0
         hits, num_new, keys, truths = self._lookup(request)
         full = len(keys)
         if not cache.can_allocate(num_new, hits):
             return PrefillResult(False, p, full, lookup_s=time.perf_counter() - t0,
-                                 prefill_s=time.perf_counter() - t0)
+                                 prefill_s=time.perf_counter() - t0, hash_s=hash_s)
         seq = request.seq if request.seq >= 0 else self._seq
         self._seq = seq + 1
         ctx = AccessContext(time=request.arrival, seq=seq, request_id=request.request_id, tenant=request.tenant,
@@ -531,7 +537,7 @@ class Engine:
             computed_tokens=p - start, new_blocks=num_new, evictions=evicted,
             orphan_evictions=cache.stats.orphan_evictions - orphans_before, false_hit_blocks=false_hits,
             first_token=first, logits=logits, lookup_s=t1 - t0, gather_s=t2 - t1, forward_s=t3 - t2,
-            scatter_s=t4 - t3, prefill_s=t4 - t0, state=state,
+            scatter_s=t4 - t3, prefill_s=t4 - t0, state=state, hash_s=hash_s,
         )
 
     def prefill_batch(self, requests: Sequence[Request]) -> list[PrefillResult]:

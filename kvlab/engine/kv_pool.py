@@ -8,8 +8,9 @@ Slot ``s`` of block ``b`` holds the K/V of token position ``j * block_size + s``
 ``j``-th block is ``b``. Keys are stored after RoPE (as the model caches them), so a block is only valid
 at the positions it was computed for (seed 000).
 
-Gather and write are vectorised: one ``index_select`` over the block dim for a gather, one indexed
-assignment over (block, slot) pairs for a write; no per-token Python loop.
+Gather and write are vectorised: one ``index_select`` over the block dim of a permuted view for a gather
+(a single copy, already in sequence order), one indexed assignment over (block, slot) pairs for a write;
+no per-token Python loop.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ class KVPool:
             raise ConfigError(f"cannot gather {num_tokens} tokens from {n} blocks of {lay.block_size}")
         if n == 0:
             return self.data.new_zeros((lay.num_layers, 2, lay.num_kv_heads, 0, lay.head_dim))
-        picked = self.data.index_select(0, self._ids(block_ids))  # [n, L, 2, H, bs, D], contiguous
-        kv = picked.permute(1, 2, 3, 0, 4, 5).reshape(lay.num_layers, 2, lay.num_kv_heads, total, lay.head_dim)
+        # one copy: select the blocks from a [L, 2, H, N, bs, D] view, so the result is already sequence-major
+        picked = self.data.permute(1, 2, 3, 0, 4, 5).index_select(3, self._ids(block_ids))
+        kv = picked.view(lay.num_layers, 2, lay.num_kv_heads, total, lay.head_dim)
         return kv[:, :, :, :num_tokens]
 
     def write(self, block_ids: Sequence[int], start: int, kv: torch.Tensor) -> None:

@@ -21,10 +21,11 @@ from the cache length, identically in cached and uncached runs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,6 +236,58 @@ def forward_logits(
         kwargs["logits_to_keep"] = 1
     logits = model(input_ids=input_ids, **kwargs).logits
     return logits[0, -1] if last_only else logits[0]
+
+
+class _MaskedGQA:
+    """State of :func:`masked_gqa`: nesting depth and transformers' own ``use_gqa_in_sdpa`` (None: not installed)."""
+
+    depth = 0
+    original = None
+    available: bool | None = None
+
+
+def _use_gqa_in_sdpa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """transformers' choice, except inside :func:`masked_gqa` on the CPU: grouped-query SDPA with a mask."""
+    if _MaskedGQA.depth and key.device.type == "cpu" and key.shape[-1] == value.shape[-1]:
+        return True
+    return _MaskedGQA.original(attention_mask, key, value)
+
+
+def _install_masked_gqa() -> bool:
+    if _MaskedGQA.available is None:
+        _MaskedGQA.available = False
+        version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+        try:
+            from transformers.integrations import sdpa_attention
+        except ImportError:
+            return False
+        original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+        if version >= (2, 5) and callable(original):  # SDPA's enable_gqa exists from torch 2.5
+            _MaskedGQA.original = original
+            sdpa_attention.use_gqa_in_sdpa = _use_gqa_in_sdpa
+            _MaskedGQA.available = True
+    return _MaskedGQA.available
+
+
+@contextlib.contextmanager
+def masked_gqa(enabled: bool = True) -> Iterator[None]:
+    """Within this context, transformers' SDPA attention on the CPU passes grouped-query K/V to torch with
+    ``enable_gqa=True`` also when there is an attention mask (a suffix after cached tokens), instead of
+    first copying every K/V head ``num_attention_heads / num_key_value_heads`` times (``repeat_kv``).
+
+    Same arithmetic (the kernel reads K/V head ``h // groups`` for query head ``h``), one copy of the
+    context's K/V per layer less: 6-8 % of the CPU time of a prefill computing 208 tokens after 1,840 on
+    ``cpu-bench``. Outside it, and off the CPU (CUDA kernels fall back to math with a mask and GQA),
+    transformers decides as usual. A no-op where transformers has no ``use_gqa_in_sdpa`` or torch < 2.5.
+    """
+    if not enabled or not _install_masked_gqa():
+        yield
+        return
+    _MaskedGQA.depth += 1
+    try:
+        yield
+    finally:
+        _MaskedGQA.depth -= 1
 
 
 def cache_from_kv(kv: torch.Tensor | None, num_layers: int, dtype: torch.dtype | None = None) -> DynamicCache:
