@@ -156,12 +156,28 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_on_engine(args: argparse.Namespace, workload):
+    """``simulate --executor engine``: the same scheduler driving the real engine (random-weight model)."""
+    from kvlab.engine import Engine, build_random_model
+    from kvlab.sim.engine_executor import run_engine_serving
+
+    model = build_random_model(args.engine_model, seed=args.seed, device=args.engine_device)
+    engine = Engine(model, num_blocks=args.capacity_blocks or 1024, block_size=args.block_size or 16,
+                    num_threads=args.engine_threads if model.device.type == "cpu" else None)
+    return run_engine_serving(
+        workload, engine, policy=args.policy, policy_params=_policy_params(args.policy_param),
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate,
+        time_scale=args.time_scale, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
+        timer=args.timer, seed=args.seed, progress=not args.quiet,
+    )
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Serving simulation: scheduler + cost model in simulated time; one results folder."""
+    """Serving simulation: scheduler + cost model in simulated time (or the real engine); one results folder."""
     from kvlab.sim import simulate
 
     workload = _load(args)
-    result = simulate(
+    result = _serve_on_engine(args, workload) if args.executor == "engine" else simulate(
         workload, model=args.model, hardware=args.hardware, policy=args.policy,
         policy_params=_policy_params(args.policy_param), capacity_blocks=args.capacity_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
@@ -181,6 +197,40 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         result.save(args.out)
         print(f"results written to {args.out}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Time the real engine over a grid of steps, fit the cost model, save a calibrated hardware profile."""
+    import torch
+
+    from kvlab.engine import Engine, build_random_model
+    from kvlab.sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, grid_for_limits
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    model = build_random_model(args.engine_model, seed=0, device=device, dtype=args.dtype)
+    engine = Engine(model, num_blocks=args.num_blocks, block_size=args.block_size,
+                    num_threads=args.threads if device.type == "cpu" else None)
+    grid = QUICK_GRID if args.quick else DEFAULT_GRID
+    if args.max_new_tokens and args.max_context:
+        grid = grid_for_limits(args.max_new_tokens, args.max_context)
+    cal = calibrate(engine, base_hardware=args.base_hardware, grid=grid,
+                    repeats=args.repeats, timer=args.timer or ("thread" if device.type == "cpu" else "wall"),
+                    name=args.name, progress=not args.quiet)
+    out = cal.save(args.out or Path("results/calibration") / f"{args.engine_model}-{device.type}.json")
+    hw, s = cal.hardware, cal.fit.stats
+    print(f"{hw.name}: {hw.description}")
+    for key in ("peak_flops", "memory_bandwidth", "compute_efficiency", "attention_efficiency", "memory_efficiency",
+                "step_overhead_s"):
+        print(f"{key:<22} {getattr(hw, key):.6g}")
+    print(f"fit |relative residual|: median {s['median_abs']:.1%}, p90 {s['p90_abs']:.1%}, max {s['max_abs']:.1%} "
+          f"over {s['n']} batches")
+    for note in cal.fit.notes:
+        print(f"note: {note}")
+    print(f"profile written to {out} (use: kvlab simulate ... --hardware {out} --model "
+          f"{out.with_name(out.stem + '.model.json')})")
     return 0
 
 
@@ -270,7 +320,34 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
     sim.add_argument("--quiet", action="store_true")
+    sim.add_argument("--executor", default="cost-model", choices=["cost-model", "engine"],
+                     help="engine: serve the token trace on the real engine in measured time (same scheduler)")
+    sim.add_argument("--engine-model", default="cpu-bench", help="random-weight model shape for --executor engine")
+    sim.add_argument("--engine-device", default="cpu")
+    sim.add_argument("--engine-threads", type=int, default=1, help="torch CPU threads for --executor engine")
+    sim.add_argument("--timer", default="wall", choices=["wall", "thread"],
+                     help="engine clock: wall time, or the serving thread's CPU time (shared CPUs)")
     sim.set_defaults(func=cmd_simulate)
+
+    cal = sub.add_parser("calibrate", help="fit a hardware profile's efficiencies to the real engine's step times")
+    cal.add_argument("--engine-model", default="cpu-bench", help="random-weight model shape")
+    cal.add_argument("--device", default="cpu")
+    cal.add_argument("--dtype", default=None, help="model dtype (default: the shape's)")
+    cal.add_argument("--block-size", type=int, default=16)
+    cal.add_argument("--num-blocks", type=int, default=512, help="KV pool blocks used for the measurements")
+    cal.add_argument("--base-hardware", default=None, help="profile with the nominal peaks (default: by device)")
+    cal.add_argument("--repeats", type=int, default=5, help="timings per grid point (the median is kept)")
+    cal.add_argument("--timer", default=None, choices=["wall", "thread"], help="default: thread on CPU, else wall")
+    cal.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    cal.add_argument("--quick", action="store_true", help="the small grid")
+    cal.add_argument("--max-new-tokens", type=int, default=None,
+                     help="with --max-context: a grid spanning these limits (chunk size, max_model_len)")
+    cal.add_argument("--max-context", type=int, default=None)
+    cal.add_argument("--name", default=None, help="profile name (default: <base>-cal-<model>)")
+    cal.add_argument("--out", type=Path, default=None,
+                     help="profile JSON (default: results/calibration/<model>-<device>.json)")
+    cal.add_argument("--quiet", action="store_true")
+    cal.set_defaults(func=cmd_calibrate)
     return p
 
 

@@ -1,5 +1,10 @@
-"""The serving simulator: the shared cache core and a vLLM-like scheduler driven by a roofline cost model."""
+"""The serving simulator: the shared cache core and a vLLM-like scheduler driven by a roofline cost model.
 
+The real-engine executor (:mod:`kvlab.sim.engine_executor`: ``EngineExecutor``, ``run_engine_serving``,
+``fidelity``) imports torch, so it is loaded on first use of one of its names.
+"""
+
+from kvlab.sim.calibrate import Calibration, CalibrationFit, calibrate, fit_cost_model, measure_steps
 from kvlab.sim.cost import CostModel, StepBreakdown, attention_pairs
 from kvlab.sim.profiles import (
     HardwareProfile,
@@ -13,10 +18,28 @@ from kvlab.sim.profiles import (
 from kvlab.sim.scheduler import Executor, Request, RequestStatus, Scheduler, SimClock, WallClock
 from kvlab.sim.simulator import CostModelExecutor, SimConfig, SimResult, scaled_arrivals, simulate
 
+_ENGINE_NAMES = ("EngineExecutor", "EngineServingResult", "FidelityResult", "ThreadClock", "engine_model_profile",
+                 "fidelity", "run_engine_serving")
+
+
+def __getattr__(name: str) -> object:
+    """Lazy access to the torch-backed engine executor names."""
+    if name in _ENGINE_NAMES:
+        from kvlab.sim import engine_executor
+
+        return getattr(engine_executor, name)
+    raise AttributeError(f"module 'kvlab.sim' has no attribute {name!r}")
+
+
 __all__ = [
+    "Calibration",
+    "CalibrationFit",
     "CostModel",
     "CostModelExecutor",
+    "EngineExecutor",
+    "EngineServingResult",
     "Executor",
+    "FidelityResult",
     "HardwareProfile",
     "ModelProfile",
     "Request",
@@ -26,11 +49,18 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "StepBreakdown",
+    "ThreadClock",
     "WallClock",
     "attention_pairs",
+    "calibrate",
+    "engine_model_profile",
+    "fidelity",
+    "fit_cost_model",
     "kv_pool_blocks",
     "load_hardware",
     "load_model",
+    "measure_steps",
+    "run_engine_serving",
     "scaled_arrivals",
     "shipped_hardware",
     "shipped_models",

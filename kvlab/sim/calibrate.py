@@ -1,0 +1,520 @@
+"""Calibration: fit the cost model's efficiencies and step overhead to step times measured on the real engine.
+
+Procedure (docs/simulator.md, "Calibration"):
+
+1. :func:`measure_steps` times the engine's executor path (:meth:`EngineExecutor.run_entry`) over a grid
+   of batches of entries ``(n new tokens, c cached context)`` — prefill chunks after ``c`` hit tokens
+   (gathered from the pool), decode steps over a working cache of ``c`` tokens, batches of ``B`` entries —
+   each ``repeats`` times in a shuffled order per repeat (drift from other jobs spreads over the grid), and
+   keeps the median.
+2. :func:`fit_cost_model` fits ``u_lin = 1/(P η_lin)``, ``u_attn = 1/(P η_attn)``, ``u_mem = 1/(M η_mem)`` and
+   ``t_0`` of the cost model's step equation by least squares on relative residuals (each step weighs
+   ``1/t``), all four non-negative. A group of work (a step of a batched engine, or one forward of the
+   engine's sequential execution, ``execution="sequential"``) costs ::
+
+       max(u_lin (F_lin T + F_head S) + u_attn F_pair A,  u_mem (B_weights + B_kv K)) + t_0
+
+   The maximum makes the problem piecewise linear: each group is assigned to its larger branch, the
+   linear problem is solved, groups are re-assigned, until the assignment is stable (several starts, the
+   best objective wins).
+3. The fitted rates become a :class:`HardwareProfile` (``calibrated=True``): ``η = attained rate / peak``;
+   where an attained rate exceeds the base profile's nominal peak (or bandwidth) the peak is raised to it
+   (η = 1 there) and the report says so; a rate the data cannot see (fitted ``u = 0``) gets η = 1.
+
+The engine runs one sequence per forward call, so a batch of ``B`` entries costs the sum of ``B``
+one-sequence steps (``execution="sequential"``): the calibrated profile describes one-sequence steps,
+and the simulator reproduces the engine where steps hold one sequence (``max_num_seqs=1``). The report
+gives the error of the simulator's batched equation on the multi-entry samples too.
+
+Units: seconds, FLOPs, bytes, tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import ConfigError
+from kvlab.sim.cost import CostModel
+from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
+
+EXECUTIONS = ("sequential", "batched")
+Point = tuple[tuple[int, int], ...]  # a batch: entries (new tokens, cached context)
+
+
+# ---------------------------------------------------------------------- grids
+def make_grid(
+    prefill_tokens: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
+    prefill_contexts: Sequence[int] = (0, 128, 512, 1024),
+    decode_contexts: Sequence[int] = (16, 128, 512, 1024, 2048),
+    batch_sizes: Sequence[int] = (1, 2, 4),
+    mixed: bool = True,
+) -> list[Point]:
+    """Calibration batches: every prefill (n, c) alone; every decode context at each batch size; with
+    ``mixed``, a few batches mixing a prefill chunk with decodes and two prefills (additivity checks)."""
+    points: list[Point] = [((n, c),) for n in prefill_tokens for c in prefill_contexts]
+    points += [((1, c),) * b for c in decode_contexts for b in batch_sizes]
+    if mixed and prefill_tokens and decode_contexts:
+        n_mid = sorted(prefill_tokens)[len(prefill_tokens) // 2]
+        c_mid = sorted(decode_contexts)[len(decode_contexts) // 2]
+        points += [((n_mid, 0), (1, c_mid), (1, c_mid)), ((n_mid, 0), (n_mid, c_mid))]
+    return points
+
+
+def grid_for_limits(max_new_tokens: int, max_context: int, batch_sizes: Sequence[int] = (1, 2, 4)) -> list[Point]:
+    """A :func:`make_grid` spanning a serving configuration's step shapes: prefill chunks of 8 tokens up to
+    ``max_new_tokens`` (the scheduler's ``max_num_batched_tokens``, or the longest prompt if shorter) in
+    powers of two, after 0, 1/8, 1/2 and all of ``max_context`` cached tokens (the longest sequence, the
+    deployment's ``max_model_len``); decodes over 16 up to ``max_context`` cached tokens."""
+    if max_new_tokens < 1 or max_context < 1:
+        raise ConfigError("grid_for_limits needs max_new_tokens and max_context >= 1")
+    new = sorted({min(8 * 2**k, max_new_tokens) for k in range(16) if 8 * 2 ** (k - 1) < max_new_tokens})
+    contexts = sorted({0, max_context // 8, max_context // 2, max_context})
+    decode = sorted({min(16, max_context), max(1, max_context // 8), max(1, max_context // 4),
+                     max(1, max_context // 2), max_context})
+    return make_grid(new, contexts, decode, batch_sizes)
+
+
+DEFAULT_GRID: list[Point] = make_grid((8, 16, 32, 64, 128, 256, 512), (0, 128, 512, 1024))
+QUICK_GRID: list[Point] = make_grid((16, 64, 256), (0, 512), (64, 1024), (1, 3))
+
+
+def describe_point(point: Point) -> str:
+    """``"128@0 + 1@512 x2"``-style label of a batch."""
+    parts, i = [], 0
+    while i < len(point):
+        j = i
+        while j < len(point) and point[j] == point[i]:
+            j += 1
+        n, c = point[i]
+        parts.append(f"{n}@{c}" + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return " + ".join(parts)
+
+
+# ---------------------------------------------------------------------- measurement
+def measure_steps(
+    engine,
+    points: Iterable[Point] = DEFAULT_GRID,
+    *,
+    repeats: int = 5,
+    timer: str = "wall",
+    seed: int = 0,
+    warmup: int = 2,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Time each batch ``repeats`` times through the executor's per-entry path; one row per batch.
+
+    An entry ``(n, c)`` with ``n == 1`` and ``c > 0`` is a decode step over a working cache of ``c``
+    tokens (prepared untimed); any other runs as a prefill chunk after ``c`` hit tokens gathered from the
+    pool (timed, as in serving). Columns: ``point`` (label), ``entries`` (JSON list), ``batch``,
+    ``new_tokens`` / ``context`` (of the first entry), ``seconds`` (median), ``min_s``, ``p90_s``,
+    ``spread`` ((p90 − p10) / median), ``repeats``, ``times`` (JSON list of every timing, seconds).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from kvlab.engine.model import cache_from_kv
+    from kvlab.sim.engine_executor import (
+        EngineExecutor,
+        EngineSequence,
+        gc_paused,
+        sync_device,
+        timer_function,
+        warm_up,
+    )
+
+    points = [tuple((int(n), int(c)) for n, c in p) for p in points]
+    if not points or repeats < 1:
+        raise ConfigError("measure_steps needs at least one batch and repeats >= 1")
+    for p in points:
+        if not p or any(n < 1 or c < 0 for n, c in p):
+            raise ConfigError(f"bad calibration batch {p}: entries need n >= 1 new tokens and c >= 0")
+    executor = EngineExecutor(engine, timer=timer)
+    clock = timer_function(timer)
+    rng = np.random.default_rng(seed)
+    bs, nb, vocab = engine.block_size, engine.num_blocks, engine.vocab_size
+    if warmup:
+        warm_up(engine, warmup)
+    times: list[list[float]] = [[] for _ in points]
+    bar = tqdm(total=repeats * len(points), disable=not progress, desc="calibrate", unit="step")
+    with torch.no_grad(), gc_paused():
+        for _ in range(repeats):
+            for i in rng.permutation(len(points)).tolist():
+                prepared = []
+                offset = int(rng.integers(nb))
+                for n, c in points[i]:
+                    k = -(-(c + n) // bs)
+                    ids = [(offset + j) % nb for j in range(k)]
+                    offset += k
+                    seq = EngineSequence(rng.integers(0, vocab, c + n).tolist(), c + n)
+                    if n == 1 and c > 0:  # a decode step: the working cache exists already
+                        kv = engine.pool.gather(ids[: -(-c // bs)], c)
+                        seq.working = cache_from_kv(kv, engine.layout.num_layers, engine.kv_dtype)
+                        seq.working_len = c
+                    prepared.append((seq, ids, n, c))
+                sync_device(engine.device)
+                t0 = clock()
+                for seq, ids, n, c in prepared:
+                    executor.run_entry(seq, ids, n, c)
+                sync_device(engine.device)
+                times[i].append(clock() - t0)
+                bar.update()
+    bar.close()
+    return _sample_frame(points, times)
+
+
+def _sample_frame(points: Sequence[Point], times: Sequence[Sequence[float]]) -> pd.DataFrame:
+    rows = []
+    for p, ts in zip(points, times, strict=True):
+        a = np.asarray(ts, dtype=np.float64)
+        med = float(np.median(a))
+        p10, p90 = np.percentile(a, [10, 90])
+        rows.append({
+            "point": describe_point(p), "entries": json.dumps([list(e) for e in p]), "batch": len(p),
+            "new_tokens": p[0][0], "context": p[0][1], "seconds": med, "min_s": float(a.min()),
+            "p90_s": float(p90), "spread": float((p90 - p10) / med) if med > 0 else 0.0, "repeats": len(a),
+            "times": json.dumps([float(x) for x in a]),
+        })
+    return pd.DataFrame(rows)
+
+
+def combine_rounds(rounds: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Pool several :func:`measure_steps` frames of the same batches (rounds measured at different times):
+    one row per batch, every timing of every round, the median kept."""
+    if not rounds:
+        raise ConfigError("combine_rounds needs at least one frame")
+    entries = list(rounds[0]["entries"])
+    for frame in rounds[1:]:
+        if list(frame["entries"]) != entries:
+            raise ConfigError("combine_rounds: the rounds measured different batches")
+    times = [[t for frame in rounds for t in json.loads(frame["times"].iloc[i])] for i in range(len(entries))]
+    return _sample_frame(_entries(rounds[0]), times)
+
+
+def _entries(samples: pd.DataFrame) -> list[Point]:
+    return [tuple(tuple(int(x) for x in e) for e in json.loads(s)) for s in samples["entries"]]
+
+
+# ---------------------------------------------------------------------- the fit
+def _features(cost: CostModel, point: Point, execution: str) -> np.ndarray:
+    """``[lin FLOPs, attention FLOPs, bytes]`` per group of a batch (one group per entry when sequential)."""
+    groups = [[e] for e in point] if execution == "sequential" else [list(point)]
+    out = np.empty((len(groups), 3))
+    for g, entries in enumerate(groups):
+        tokens, seqs, pairs, kv = cost.batch_totals(entries)
+        out[g] = (cost.f_lin * tokens + cost.f_head * seqs, cost.f_pair * pairs, cost.b_weights + cost.b_kv * kv)
+    return out
+
+
+def _predict(theta: np.ndarray, feats: list[np.ndarray]) -> np.ndarray:
+    u_l, u_a, u_m, t0 = theta
+    return np.array([float(np.maximum(u_l * f[:, 0] + u_a * f[:, 1], u_m * f[:, 2]).sum()) + len(f) * t0
+                     for f in feats])
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns: the best feasible solution over all column subsets."""
+    m = a.shape[1]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a_s = a / scale
+    best, best_x = np.inf, np.zeros(m)
+    for k in range(1, m + 1):
+        for cols in itertools.combinations(range(m), k):
+            sub = a_s[:, cols]
+            if np.linalg.matrix_rank(sub) < k:
+                continue
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            r = float(np.sum((sub @ x - b) ** 2))
+            if r < best:
+                best, best_x = r, np.zeros(m)
+                best_x[list(cols)] = x
+    return best_x / scale
+
+
+def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray | None = None,
+              max_iter: int = 100) -> tuple[np.ndarray, float]:
+    """``theta = (u_lin, u_attn, u_mem, t_0)`` minimising Σ ((predicted − t) / t)², all ≥ 0; and that sum.
+
+    ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes]``). Alternates branch assignment and a
+    non-negative linear solve from several starts (all compute-bound, all memory-bound, ``init``).
+    """
+    t = np.asarray(seconds, dtype=np.float64)
+    if len(feats) != len(t) or len(t) < 4 or np.any(t <= 0):
+        raise ConfigError("fit_rates needs >= 4 samples with positive times")
+    w = 1.0 / t
+
+    def objective(theta: np.ndarray) -> float:
+        return float(np.sum(((_predict(theta, feats) - t) * w) ** 2))
+
+    def solve(assign: list[np.ndarray]) -> np.ndarray:
+        a = np.zeros((len(t), 4))
+        for i, (f, comp) in enumerate(zip(feats, assign, strict=True)):
+            a[i, 0] = f[comp, 0].sum()
+            a[i, 1] = f[comp, 1].sum()
+            a[i, 2] = f[~comp, 2].sum()
+            a[i, 3] = len(f)
+        return _nnls(a * w[:, None], np.ones(len(t)))
+
+    def assignment(theta: np.ndarray) -> list[np.ndarray]:
+        u_l, u_a, u_m, _ = theta
+        return [u_l * f[:, 0] + u_a * f[:, 1] >= u_m * f[:, 2] for f in feats]
+
+    starts = [[np.ones(len(f), bool) for f in feats], [np.zeros(len(f), bool) for f in feats]]
+    if init is not None:
+        starts.append(assignment(np.asarray(init, dtype=np.float64)))
+    # a split by arithmetic intensity: the upper half compute-bound
+    ratio = np.concatenate([(f[:, 0] + f[:, 1]) / f[:, 2] for f in feats])
+    cut = float(np.median(ratio))
+    starts.append([(f[:, 0] + f[:, 1]) / f[:, 2] >= cut for f in feats])
+    best_theta, best_obj = None, np.inf
+    for assign in starts:
+        seen: set[bytes] = set()
+        for _ in range(max_iter):
+            theta = solve(assign)
+            obj = objective(theta)
+            if obj < best_obj:
+                best_theta, best_obj = theta, obj
+            new = assignment(theta)
+            sig = b"".join(np.packbits(a).tobytes() + b"|" for a in new)
+            if sig in seen:
+                break
+            seen.add(sig)
+            assign = new
+    assert best_theta is not None
+    return best_theta, best_obj
+
+
+def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_bandwidth: float | None = None,
+                     **changes: object) -> tuple[HardwareProfile, list[str]]:
+    """A calibrated copy of ``base`` whose cost model has the fitted rates (module docstring, step 3).
+
+    A fitted memory cost of 0 (the memory branch never binds in the data) is expressed as the bandwidth
+    ``free_memory_bandwidth`` (B/s) at η_mem = 1: :func:`fit_cost_model` passes one at which the memory
+    branch stays below 1 % of the compute branch of every measured step. A fitted compute or attention
+    cost of 0 gets η = 1 at the (possibly raised) peak.
+    """
+    u_l, u_a, u_m, t0 = (float(x) for x in theta)
+    notes = []
+    r_l = 1.0 / u_l if u_l > 0 else np.inf
+    r_a = 1.0 / u_a if u_a > 0 else np.inf
+    r_m = 1.0 / u_m if u_m > 0 else np.inf
+    peak = max([base.peak_flops] + [r for r in (r_l, r_a) if np.isfinite(r)])
+    bandwidth = max([base.memory_bandwidth] + ([r_m] if np.isfinite(r_m) else [free_memory_bandwidth or 0.0]))
+    if peak > base.peak_flops:
+        notes.append(f"peak_flops raised from {base.peak_flops:.4g} to the attained {peak:.4g} FLOP/s")
+    if bandwidth > base.memory_bandwidth:
+        what = "attained" if np.isfinite(r_m) else "unbinding (memory cost not visible in the data)"
+        notes.append(f"memory_bandwidth raised from {base.memory_bandwidth:.4g} to the {what} {bandwidth:.4g} B/s")
+    for name, r in (("compute", r_l), ("attention", r_a), ("memory", r_m)):
+        if not np.isfinite(r):
+            notes.append(f"{name} rate not identified by the data (fitted cost 0): efficiency set to 1")
+    profile = base.with_overrides(
+        peak_flops=float(peak), memory_bandwidth=float(bandwidth),
+        compute_efficiency=float(min(1.0, r_l / peak)) if np.isfinite(r_l) else 1.0,
+        attention_efficiency=float(min(1.0, r_a / peak)) if np.isfinite(r_a) else 1.0,
+        memory_efficiency=float(min(1.0, r_m / bandwidth)) if np.isfinite(r_m) else 1.0,
+        step_overhead_s=float(t0), calibrated=True, **changes,
+    )
+    return profile, notes
+
+
+def predict_seconds(cost: CostModel, points: Sequence[Point], execution: str = "sequential") -> np.ndarray:
+    """Step seconds the cost model gives each batch: one step (``batched``) or one step per entry, summed."""
+    if execution not in EXECUTIONS:
+        raise ConfigError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+    if execution == "batched":
+        return np.array([cost.duration(list(p)) for p in points])
+    return np.array([sum(cost.duration([e]) for e in p) for p in points])
+
+
+def residual_stats(rel: np.ndarray) -> dict:
+    """Summary of relative residuals ``(predicted − measured) / measured``."""
+    a = np.abs(rel)
+    return {"n": len(rel), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
+            "max_abs": float(a.max()), "rms": float(np.sqrt(np.mean(rel**2))), "bias": float(np.mean(rel))}
+
+
+@dataclass
+class CalibrationFit:
+    """Fitted profile, raw rates (``u_*`` in s/FLOP and s/byte, ``t0_s``), residuals and notes."""
+
+    hardware: HardwareProfile
+    theta: dict
+    samples: pd.DataFrame  # the measurements plus predicted_s and residual
+    stats: dict
+    execution: str
+    notes: list[str] = field(default_factory=list)
+    batched_equation_stats: dict | None = None  # the simulator's batched step on multi-entry samples
+
+
+def fit_cost_model(
+    samples: pd.DataFrame,
+    model: ModelProfile,
+    base: HardwareProfile | str = "cpu-local",
+    *,
+    execution: str = "sequential",
+    name: str | None = None,
+    description: str = "",
+) -> CalibrationFit:
+    """Fit the cost model to measured steps (``samples``: :func:`measure_steps`'s ``entries`` and ``seconds``).
+
+    ``execution``: ``"sequential"`` (the engine runs each entry as its own forward: a batch's time is the sum
+    of one-entry steps) or ``"batched"`` (one step per batch, as the simulator's equation). Residuals are
+    those of the saved profile (after any peak adjustment), relative to the measurement.
+    """
+    if execution not in EXECUTIONS:
+        raise ConfigError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+    base_p = load_hardware(base)
+    cost0 = CostModel(model, base_p)
+    points = _entries(samples)
+    feats = [_features(cost0, p, execution) for p in points]
+    init = np.array([1 / cost0.lin_rate, 1 / cost0.attn_rate, 1 / cost0.mem_rate, cost0.overhead])
+    theta, _ = fit_rates(feats, samples["seconds"].to_numpy(np.float64), init=init)
+    changes: dict = {"name": name or f"{base_p.name}-cal-{model.name}"}
+    if description:
+        changes["description"] = description
+    compute = np.concatenate([theta[0] * f[:, 0] + theta[1] * f[:, 1] for f in feats])
+    mem = np.concatenate([f[:, 2] for f in feats])
+    free_bw = float(np.max(mem / np.maximum(compute, 1e-12)) / 0.01)
+    profile, notes = rates_to_profile(theta, base_p, free_memory_bandwidth=free_bw, **changes)
+    cost = CostModel(model, profile)
+    measured = samples["seconds"].to_numpy(np.float64)
+    predicted = predict_seconds(cost, points, execution)
+    rel = (predicted - measured) / measured
+    frame = samples.copy()
+    frame["predicted_s"] = predicted
+    frame["residual"] = rel
+    stats = residual_stats(rel)
+    batched_stats = None
+    multi = np.array([len(p) > 1 for p in points])
+    if execution == "sequential" and multi.any():
+        pb = predict_seconds(cost, [p for p, m in zip(points, multi, strict=True) if m], "batched")
+        batched_stats = residual_stats((pb - measured[multi]) / measured[multi])
+        frame["batched_equation_s"] = predict_seconds(cost, points, "batched")
+    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s"),
+                 (float(x) for x in theta), strict=True))
+    return CalibrationFit(profile, u, frame, stats, execution, notes, batched_stats)
+
+
+# ---------------------------------------------------------------------- the whole procedure
+def device_name(device) -> str:
+    """A readable name of the device: the CUDA device name, or the CPU model and core count."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+@dataclass
+class Calibration:
+    """A calibration run: the fit, the model profile it is for, and what was measured where and when."""
+
+    fit: CalibrationFit
+    model: ModelProfile
+    meta: dict
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self.fit.hardware
+
+    def report(self) -> dict:
+        """JSON-ready: metadata, fitted profile, raw rates, residual statistics, notes and every sample."""
+        return {
+            "kind": "kvlab.calibration", **self.meta, "execution": self.fit.execution,
+            "hardware_profile": self.fit.hardware.to_dict(), "model_profile": self.model.to_dict(),
+            "theta": self.fit.theta, "residuals": self.fit.stats,
+            "batched_equation_residuals": self.fit.batched_equation_stats, "notes": self.fit.notes,
+            "samples": self.fit.samples.to_dict("records"),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the calibrated hardware profile to ``path`` (``load_hardware(path)`` reads it), the model
+        profile to ``<stem>.model.json`` and the full report to ``<stem>.fit.json`` beside it."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fit.hardware.save(path)
+        self.model.save(path.with_name(f"{path.stem}.model.json"))
+        from kvlab.results.store import dumps
+
+        path.with_name(f"{path.stem}.fit.json").write_text(dumps(self.report(), sort_keys=False) + "\n")
+        return path
+
+
+def calibrate(
+    engine,
+    *,
+    base_hardware: HardwareProfile | str | None = None,
+    grid: Iterable[Point] = DEFAULT_GRID,
+    repeats: int = 5,
+    timer: str = "wall",
+    model: ModelProfile | None = None,
+    name: str | None = None,
+    seed: int = 0,
+    samples: pd.DataFrame | None = None,
+    progress: bool = False,
+) -> Calibration:
+    """Measure the engine over ``grid`` and fit a calibrated profile for its device (sequential execution).
+
+    ``base_hardware`` (default: the shipped profile of the device) supplies the nominal peak, bandwidth and
+    memory; ``model`` defaults to the engine model's profile. ``samples`` (from :func:`measure_steps` or
+    :func:`combine_rounds`, measured with ``timer``) skips the measurement. The profile's description names
+    the device, date, model and residuals.
+    """
+    from kvlab.sim.engine_executor import default_hardware, engine_model_profile
+
+    model_p = model if model is not None else engine_model_profile(engine)
+    base = load_hardware(base_hardware if base_hardware is not None else default_hardware(engine.device))
+    if samples is None:
+        samples = measure_steps(engine, grid, repeats=repeats, timer=timer, seed=seed, progress=progress)
+    else:
+        repeats = int(samples["repeats"].min())
+    dev = device_name(engine.device)
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    fit = fit_cost_model(samples, model_p, base, execution="sequential", name=name)
+    s = fit.stats
+    description = (
+        f"calibrated {date[:10]} on {dev} ({engine.device}) for model {model_p.name} ({model_p.dtype}), "
+        f"engine {engine.model_id}, sequential execution (one sequence per forward), timer {timer}; "
+        f"base profile {base.name}"
+    )
+    source = (
+        f"kvlab calibrate: least squares on relative step-time residuals over {s['n']} batches x {repeats} repeats; "
+        f"|residual| median {s['median_abs']:.1%}, p90 {s['p90_abs']:.1%}, max {s['max_abs']:.1%}"
+        + ("; " + "; ".join(fit.notes) if fit.notes else "")
+    )
+    fit.hardware = fit.hardware.with_overrides(description=description, source=source)
+    meta = {
+        "device": str(engine.device), "device_name": dev, "date": date, "model": model_p.name,
+        "model_id": engine.model_id, "model_dtype": model_p.dtype, "block_size": engine.block_size,
+        "timer": timer, "repeats": repeats, "base_hardware": base.name, "torch_threads": _threads(),
+    }
+    return Calibration(fit, model_p, meta)
+
+
+def _threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
