@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  multi-entry batches under the batched step equation: median |error| {b['median_abs']:.0%} "
                   f"(the engine runs one sequence per forward)")
         print(f"  profile: {profile_path}")
-    print(f"saturation: {res.saturation_rps:.2f} requests/s (all arrivals at t=0); runs took "
-          f"{time.perf_counter() - t0:.0f} s")
+    sat = res.config["saturation_runs_rps"]
+    print(f"saturation: {res.saturation_rps:.2f} requests/s (all arrivals at t=0; median of "
+          f"{', '.join(f'{x:.2f}' for x in sat)}); runs took {time.perf_counter() - t0:.0f} s")
     table = res.table
     print(f"\n{'load':>5} {'req/s':>6} {'median err':>10} {'p90 err':>8} {'p50 TTFT eng':>12} {'p50 TTFT sim':>12} "
           f"{'p90 TTFT eng':>12} {'p90 TTFT sim':>12} {'bias':>7} {'busy eng/sim':>13} {'rerun med/p90':>14} "

@@ -509,14 +509,15 @@ def fidelity(
     itself is never used for the fit.
 
     Saturation (requests/s, unless given) is measured first: the engine serves the trace with every
-    arrival at t = 0. At load ``x`` the arrivals are scaled to the rate ``x × saturation`` for both runs
-    (same scheduler settings, pool, policy). The engine run is repeated ``repeats`` times and each
-    request's engine TTFT is its median over the repeats. Per-request error:
-    ``|TTFT_sim − TTFT_engine| / TTFT_engine``; for reference, ``engine_rerun_*_error`` compare the engine's
-    repeats with one another (every ordered pair of runs, same formula): the noise floor of the metric on
-    this machine. ``max_num_seqs=1`` (default): every step holds one
-    sequence, the setting in which the engine's one-sequence-per-forward execution is what the cost model
-    describes; scheduling then does not depend on timing, so hits agree exactly (``hits_equal``).
+    arrival at t = 0 (``repeats`` times, the median kept: it sets the load of every later run). At load
+    ``x`` the arrivals are scaled to the rate ``x × saturation`` for both runs (same scheduler settings,
+    pool, policy). The engine run is repeated ``repeats`` times (the loads alternate) and each request's
+    engine TTFT is its median over the repeats. Per-request error: ``|TTFT_sim − TTFT_engine| /
+    TTFT_engine``; for reference, ``engine_rerun_*_error`` compare the engine's repeats with one another
+    (every ordered pair of runs, same formula): the noise floor of the metric on this machine.
+    ``max_num_seqs=1`` (default): every step holds one sequence, the setting in which the engine's
+    one-sequence-per-forward execution is what the cost model describes; scheduling then does not depend
+    on timing, so hits agree exactly (``hits_equal``).
     """
     from kvlab.sim.calibrate import calibrate, combine_rounds, grid_for_limits, measure_steps
     from kvlab.sim.simulator import simulate
@@ -539,10 +540,13 @@ def fidelity(
                   max_num_batched_tokens=max_num_batched_tokens, cache_at=cache_at)
     serve = dict(common, timer=timer, model=model_p, progress=progress)
     measure_round()
+    saturation_runs: list[float] = []
     if saturation_rps is None:
-        sat_run = run_engine_serving(zero_arrivals(workload), engine, **serve)
-        saturation_rps = saturation_throughput(sat_run)
-        measure_round()
+        for _ in range(repeats):
+            saturation_runs.append(saturation_throughput(run_engine_serving(zero_arrivals(workload), engine,
+                                                                            **serve)))
+            measure_round()
+        saturation_rps = float(np.median(saturation_runs))
     engine_runs: dict[float, list[EngineServingResult]] = {float(load): [] for load in loads}
     for _ in range(repeats):  # loads alternate, so that each sees the machine in the same states
         for load in engine_runs:
@@ -590,7 +594,8 @@ def fidelity(
             "token_hit_rate": float(sim.summary["token_hit_rate"]),
             "engine_repeats": repeats,
         })
-    config = {"loads": [float(x) for x in loads], "repeats": repeats, "timer": timer, "hardware": hw.name,
+    config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_runs_rps": saturation_runs,
+              "timer": timer, "hardware": hw.name,
               "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
     return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
                           config, cal)
