@@ -16,7 +16,7 @@ import pytest
 from kvlab.cache import AccessContext, KVBlock, PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
-from kvlab.policies import EvictionPolicy, make_policy, register_policy
+from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.belady import NEVER, next_use
 from kvlab.policies.prefix_aware import prefix_aware
 from kvlab.replay import ReplayConfig, encode, replay
@@ -253,36 +253,13 @@ def test_ttl_with_one_ttl_is_lru():
 # ---------------------------------------------------------------------- prefix-aware wrapper
 
 
-@register_policy("test-mru-inner", replace=True)
-class _MRU(EvictionPolicy):
-    """Most recently unpinned first: it would give up a sequence's head first."""
-
-    def __init__(self) -> None:
-        self.q: dict = {}
-
-    def on_pin(self, block, ctx):
-        del self.q[block.block_id]
-
-    def on_unpin(self, block, ctx):
-        self.q[block.block_id] = block
-
-    def victim(self):
-        return next(reversed(self.q.values()))
-
-    def on_evict(self, block):
-        del self.q[block.block_id]
-
-    def __len__(self):
-        return len(self.q)
-
-
 def test_prefix_aware_wraps_any_policy_and_evicts_leaves_only():
-    plain = Driver(3, "test-mru-inner")
+    plain = Driver(3, "mru")
     plain.run([1, 2, 3])
     plain.run([9])
     assert plain.victims == [key([1])]  # MRU gives up the head: (1, 2) is orphaned, (1, 2, 3) unreachable
     assert plain.cache.num_orphan_blocks == 1
-    wrapped = Driver(3, prefix_aware("test-mru-inner"))
+    wrapped = Driver(3, prefix_aware("mru"))
     wrapped.run([1, 2, 3])
     wrapped.run([7, 8, 9])
     assert wrapped.victims == [key([1, 2, 3]), key([1, 2]), key([1])]
