@@ -151,7 +151,8 @@ class KVCacheManager:
             req.num_computed_tokens = computed
         if need > 0:
             orphans = cache.stats.orphan_evictions
-            new, evicted = cache.allocate(need, ctx)
+            p0 = len(blocks)  # the new blocks' positions; those with a key are named to the policy
+            new, evicted = cache.allocate(need, ctx, req.keys[p0 : p0 + need])
             blocks.extend(new)
             req.new_blocks += need
             req.evictions += evicted

@@ -164,13 +164,19 @@ class PrefixCache:
             block.ref_cnt += 1
         self.stats.hits += len(blocks)
 
-    def allocate(self, num: int, ctx: AccessContext = NO_CONTEXT) -> tuple[list[KVBlock], int]:
+    def allocate(
+        self, num: int, ctx: AccessContext = NO_CONTEXT, keys: Sequence[Hashable] = ()
+    ) -> tuple[list[KVBlock], int]:
         """Take ``num`` blocks (ref count 1, no key): free ones first, then policy victims.
 
-        Returns ``(blocks, evictions)``. Raises CapacityError (changing nothing) if they do not fit.
+        ``keys`` (at most ``num``): the keys the first new blocks will get once computed, told to the
+        policy (``on_miss``) before any victim is chosen. Returns ``(blocks, evictions)``. Raises
+        CapacityError (changing nothing) if they do not fit.
         """
         if num > self.num_free_blocks:
             raise CapacityError(f"cannot allocate {num} blocks: {self.num_free_blocks} free or evictable")
+        if keys:
+            self.policy.on_miss(keys, ctx)
         out: list[KVBlock] = []
         evicted = orphaned = 0
         free, policy = self._free, self.policy
@@ -298,8 +304,8 @@ class PrefixCache:
             return None
         self.touch(hits, ctx)
         orphans_before = self.stats.orphan_evictions
-        new, evicted = self.allocate(num_new, ctx)
         h = len(hits)
+        new, evicted = self.allocate(num_new, ctx, keys[h:])
         self.cache_blocks(new[: len(keys) - h], keys, h, ctx, truths)
         self.stats.collisions += collisions
         return Admission(hits + new, h, num_new, evicted, collisions, self.stats.orphan_evictions - orphans_before)

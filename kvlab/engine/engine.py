@@ -501,9 +501,9 @@ class Engine:
         false_hits = sum(1 for i, b in enumerate(hits) if b.truth != truths[i])
         cache.touch(hits, ctx)
         orphans_before = cache.stats.orphan_evictions
-        new, evicted = cache.allocate(num_new, ctx)
-        blocks = hits + new
         h = len(hits)
+        new, evicted = cache.allocate(num_new, ctx, keys[h:])
+        blocks = hits + new
         start = h * bs
         t1 = time.perf_counter()
         times: dict[str, float] = {}

@@ -5,6 +5,9 @@ a pinned block as a candidate. The cache calls, for each block:
 
 * ``on_insert(block, ctx)``  a newly computed block got its key (the block is pinned at that moment);
 * ``on_hit(block, ctx)``     a lookup matched it (before ``on_pin`` when it was evictable);
+* ``on_miss(keys, ctx)``     optional: the keys of the full blocks an admitted request is about to
+  compute, after its hits are pinned and before any block is allocated for it (so ``victim()`` may
+  depend on them: ARC adapts to a ghost hit before choosing). Not called for unkeyed blocks;
 * ``on_pin(block, ctx)``     ref count 0 -> 1: the block leaves the evictable set;
 * ``on_unpin(block, ctx)``   ref count 1 -> 0: the block joins the evictable set;
 * ``victim() -> block``      choose one evictable block (the cache then calls ``on_evict``);
@@ -18,7 +21,7 @@ Whether per-key state (e.g. frequency) survives eviction is each policy's docume
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -38,8 +41,9 @@ class EvictionPolicy:
     #: numba twin of the hooks (kvlab.cache.compiled), or None: the replay then uses the Python core
     compiled: ClassVar[CompiledPolicy | None] = None
 
-    def compiled_params(self) -> np.ndarray:
-        """This instance's numeric parameters, in the order the compiled hooks read them."""
+    def compiled_params(self) -> np.ndarray | tuple:
+        """This instance's numeric parameters, in the order the compiled hooks read them (float64), or a
+        tuple of arrays (parameters plus data from ``prepare``). Called after ``prepare``."""
         return np.zeros(0, dtype=np.float64)
 
     def attach(self, cache: object) -> None:  # noqa: B027 - optional hook
@@ -54,6 +58,9 @@ class EvictionPolicy:
         pass
 
     def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def on_miss(self, keys: Sequence[Hashable], ctx: AccessContext) -> None:  # noqa: B027 - optional hook
         pass
 
     def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:

@@ -113,11 +113,14 @@ def replay(
         config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
     policy = make_policy(config.policy, **config.policy_params)
     use_compiled = policy.compiled is not None and config.engine != "python"
-    compile_s = warm_up(policy.compiled, config.mode == "ideal") if use_compiled else 0.0
+    compile_s = 0.0
+    if use_compiled:
+        policy.prepare(encoded)
+        params = policy.compiled_params()
+        compile_s = warm_up(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal", params)
     t0 = time.perf_counter()
     if use_compiled:
-        cols = run_compiled(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal",
-                            policy.compiled_params())
+        cols = run_compiled(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal", params)
     else:
         cols = _replay_python(workload, encoded, config, policy, progress)
     replay_s = time.perf_counter() - t0
