@@ -425,6 +425,11 @@ class EncodedWorkload:
     hash_label: str  # BlockHasher.label
     truth_ids: np.ndarray | None = None  # int64 [total full blocks], verify mode only
     num_truth: int | None = None  # distinct true identities, verify mode only
+    # per-request context for compiled policies (what the Python core passes in AccessContext):
+    arrival: np.ndarray | None = None  # float64 [n], seconds of trace time
+    category_codes: np.ndarray | None = None  # int64 [n], index into ``categories``, -1 = none
+    categories: tuple = ()  # category labels
+    turn: np.ndarray | None = None  # int64 [n], 1-based, -1 = unknown
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -526,6 +531,11 @@ def encode_workload(
         hash_label=hasher.label,
         truth_ids=truth_ids,
         num_truth=num_truth,
+        arrival=np.asarray(workload.arrival, dtype=np.float64),
+        category_codes=(np.asarray(workload.category.codes, dtype=np.int64) if workload.category is not None
+                        else np.full(n, -1, np.int64)),
+        categories=tuple(str(c) for c in workload.category.categories) if workload.category is not None else (),
+        turn=np.asarray(workload.turn, dtype=np.int64) if workload.turn is not None else np.full(n, -1, np.int64),
     )
 
 
