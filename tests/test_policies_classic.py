@@ -20,7 +20,7 @@ from kvlab.workload.workload import from_lists
 
 lcs = pytest.importorskip("libcachesim")
 
-CLASSIC = ["fifo", "mru", "clock", "sieve", "s3fifo", "arc", "2q", "slru", "lfu", "lfuda", "lfu-halflife"]
+CLASSIC = ["fifo", "mru", "clock", "sieve", "s3fifo", "arc", "2q", "slru", "lfu", "lfuda", "lfu-halflife", "wtinylfu"]
 COMPILED = ["fifo", "sieve", "s3fifo", "arc", "lfu"]
 # both engines allocate all of a request's new blocks before keying them (vLLM's order), so every
 # column, orphan_evictions included, must agree
@@ -302,6 +302,23 @@ def test_arc_ghost_hit_adapts_before_the_victim(engine):
     r = replay(object_sequence(keys), capacity_blocks=2, block_size=1, mode="ideal", policy="arc", engine=engine)
     assert r.requests["hit_blocks"].tolist() == reference_arc(keys, 2, deferred=False).tolist() == [0, 0, 1, 0, 0, 0]
     assert reference_arc(keys, 2, deferred=True).tolist() == [0, 0, 1, 0, 0, 1]
+
+
+def test_wtinylfu_hit_ratio_close_to_libcachesim(zipf_trace):
+    # libCacheSim counts in a count-min sketch (kvlab: exact counters), so only the hit ratios are compared
+    for capacity in (100, 500):
+        ours = zipf_trace.hits("wtinylfu", capacity).mean()
+        ref = lcs_hits(lcs.WTinyLFU(capacity, hashpower=18), zipf_trace.keys).mean()
+        assert abs(ours - ref) < 0.02, (capacity, ours, ref)
+        assert ours > zipf_trace.hits("lru", capacity).mean() + 0.02
+
+
+def test_wtinylfu_keeps_frequent_blocks_through_a_scan():
+    hot = list(range(8))
+    keys = hot * 6 + list(range(100, 160)) + hot  # a one-time scan of 60 keys between hot passes
+    w = hits_of(keys, 16, "wtinylfu")
+    assert sum(w[-8:]) >= 7  # the scan's keys lose every comparison with hot keys (frequency 6)
+    assert sum(hits_of(keys, 16, "lru")[-8:]) == 0
 
 
 def test_lfu_halflife_with_an_endless_half_life_is_lfu(zipf_trace):

@@ -1,0 +1,167 @@
+"""W-TinyLFU: a small LRU window in front of a segmented-LRU main area, admission by frequency.
+
+Source: Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS 2017
+(W-TinyLFU, as in Caffeine and libCacheSim's ``WTinyLFU``). A new block enters the window (LRU, 1 % of
+the capacity); the main area is an SLRU: probation, and protected (80 % of the main area) for blocks hit
+while in probation. When the window is over its size its LRU block is the *candidate*: with room in
+the main area it moves to probation; otherwise it is compared with the main area's victim (probation's
+LRU block, else protected's) by access frequency, and the one with the lower frequency is evicted
+(the candidate on a tie); an admitted candidate moves to probation.
+
+Documented choices:
+
+* Frequency: an exact per-key counter in place of the count-min sketch (no hash collisions, so runs
+  are deterministic for any key type), with the sketch's semantics: counters saturate at
+  ``max_count`` (15: 4 bits), every access counts (``on_hit`` and ``on_insert``), and every
+  ``sample_factor × C`` accesses all counters are halved (TinyLFU's reset; keys at 0 are dropped).
+  No doorkeeper. Counters are per key and survive eviction (that is the admission history).
+* A block is placed at its first unpin (window MRU); while the window is over its size and the main
+  area has room, the window's LRU blocks move to probation at once. With the main area full the
+  comparison and the candidate's move happen in ``victim()`` (Caffeine's maintenance step), so a
+  request's own new blocks are compared only after they are placed.
+* Lists are ordered by unpin time (vLLM's LRU order); a hit in probation promotes the block to
+  protected (if protected is then over its size, its LRU evictable block is demoted to probation's MRU
+  end); segment sizes count placed blocks, pinned or not; a segment without an evictable block is
+  skipped.
+* libCacheSim's WTinyLFU uses a count-min sketch and its own SLRU, so hit vectors are not equal; the
+  tests bound the difference of hit ratios on a Zipf trace.
+
+Parameters: ``window_ratio`` (0.01), ``protected_ratio`` (0.8 of the main area), ``sample_factor``
+(10), ``max_count`` (15). Sizes in blocks: window ``max(1, int(C * window_ratio))``. O(1) per event
+(amortised: a reset touches every counter once per ``sample_factor × C`` accesses).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+from kvlab.cache.block import KVBlock
+from kvlab.cache.context import AccessContext
+from kvlab.errors import ConfigError
+from kvlab.policies.base import EvictionPolicy, register_policy
+
+WINDOW, PROBATION, PROTECTED = 0, 1, 2
+
+
+@register_policy("wtinylfu")
+class WTinyLFU(EvictionPolicy):
+    """Invariants: ``_seg`` maps every placed block to its segment and ``_n`` counts them per segment;
+    ``_lists[s]`` holds segment ``s``'s evictable blocks in LRU order; ``0 <= freq[key] <= max_count``."""
+
+    source = "W-TinyLFU (Einziger et al., ToS 2017; Caffeine, libCacheSim WTinyLFU); exact counters"
+
+    def __init__(self, window_ratio: float = 0.01, protected_ratio: float = 0.8, sample_factor: float = 10.0,
+                 max_count: int = 15) -> None:
+        if not 0.0 < window_ratio < 1.0 or not 0.0 <= protected_ratio <= 1.0:
+            raise ConfigError("wtinylfu needs 0 < window_ratio < 1 and 0 <= protected_ratio <= 1")
+        if not sample_factor > 0 or max_count < 1:
+            raise ConfigError("wtinylfu needs sample_factor > 0 and max_count >= 1")
+        self.window_ratio = float(window_ratio)
+        self.protected_ratio = float(protected_ratio)
+        self.sample_factor = float(sample_factor)
+        self.max_count = int(max_count)
+        self.freq: dict[Hashable, int] = {}
+        self._accesses = 0
+        self._sample = 1
+        self._seg: dict[int, int] = {}
+        self._n = [0, 0, 0]
+        self._lists: list[OrderedDict[int, KVBlock]] = [OrderedDict(), OrderedDict(), OrderedDict()]
+
+    def attach(self, cache: object) -> None:
+        """Segment sizes from the cache's capacity ``C`` (blocks)."""
+        c = cache.num_blocks  # type: ignore[attr-defined]
+        self.window_size = max(1, int(c * self.window_ratio))
+        self.main_size = max(c - self.window_size, 0)
+        self.protected_size = int(self.main_size * self.protected_ratio)
+        self._sample = max(1, int(self.sample_factor * c))
+
+    # ------------------------------------------------------------------ frequency
+    def _record(self, key: Hashable) -> None:
+        freq = self.freq
+        f = freq.get(key, 0)
+        if f < self.max_count:
+            freq[key] = f + 1
+        self._accesses += 1
+        if self._accesses >= self._sample:
+            self.freq = {k: v >> 1 for k, v in freq.items() if v > 1}
+            self._accesses //= 2
+
+    # ------------------------------------------------------------------ hooks
+    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._record(block.key)
+
+    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._record(block.key)
+        bid = block.block_id
+        seg = self._seg.get(bid)
+        if seg is None:
+            return
+        lists = self._lists
+        if seg == PROBATION:
+            self._seg[bid] = PROTECTED
+            self._n[PROBATION] -= 1
+            self._n[PROTECTED] += 1
+            if lists[PROBATION].pop(bid, None) is not None:
+                lists[PROTECTED][bid] = block
+            if self._n[PROTECTED] > self.protected_size and lists[PROTECTED]:
+                _, demoted = lists[PROTECTED].popitem(last=False)
+                self._seg[demoted.block_id] = PROBATION
+                self._n[PROTECTED] -= 1
+                self._n[PROBATION] += 1
+                lists[PROBATION][demoted.block_id] = demoted
+        elif bid in lists[seg]:
+            lists[seg].move_to_end(bid)
+
+    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
+        del self._lists[self._seg[block.block_id]][block.block_id]
+
+    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        seg = self._seg.get(bid)
+        if seg is None:
+            seg = self._seg[bid] = WINDOW
+            self._n[WINDOW] += 1
+        self._lists[seg][bid] = block
+        if seg == WINDOW:  # window overflow moves to probation while the main area has room
+            lists, n = self._lists, self._n
+            while n[WINDOW] > self.window_size and n[PROBATION] + n[PROTECTED] < self.main_size and lists[WINDOW]:
+                self._to_probation(next(iter(lists[WINDOW].values())))
+
+    def _to_probation(self, block: KVBlock) -> None:
+        bid = block.block_id
+        del self._lists[WINDOW][bid]
+        self._seg[bid] = PROBATION
+        self._n[WINDOW] -= 1
+        self._n[PROBATION] += 1
+        self._lists[PROBATION][bid] = block
+
+    def victim(self) -> KVBlock:
+        """Window overflow first (admit or reject its LRU block), else the main area's LRU block."""
+        lists, n, freq = self._lists, self._n, self.freq
+        while n[WINDOW] > self.window_size and lists[WINDOW]:
+            cand = next(iter(lists[WINDOW].values()))
+            if n[PROBATION] + n[PROTECTED] < self.main_size:
+                self._to_probation(cand)  # room in the main area: no comparison
+                continue
+            main = lists[PROBATION] or lists[PROTECTED]
+            if not main:
+                return cand
+            mv = next(iter(main.values()))
+            if freq.get(cand.key, 0) > freq.get(mv.key, 0):
+                self._to_probation(cand)
+                return mv
+            return cand
+        for seg in (PROBATION, PROTECTED, WINDOW):
+            if lists[seg]:
+                return next(iter(lists[seg].values()))
+        raise IndexError("victim() called with no evictable block")
+
+    def on_evict(self, block: KVBlock) -> None:
+        seg = self._seg.pop(block.block_id, None)
+        if seg is not None:
+            self._lists[seg].pop(block.block_id, None)
+            self._n[seg] -= 1
+
+    def __len__(self) -> int:
+        return len(self._lists[0]) + len(self._lists[1]) + len(self._lists[2])
