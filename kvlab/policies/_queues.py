@@ -12,6 +12,8 @@
 * ``fq_*`` (numba): FIFO queues whose pinned members keep their place, O(1) per event but for the
   rare parked block (O(log n)).
 * ``dl_*`` (numba): doubly linked lists with sentinels.
+* :func:`float_key` (numba): an int64 heap key ordered like a float64 priority (compiled twins of
+  policies with float priorities, e.g. gdsf).
 """
 
 from __future__ import annotations
@@ -367,3 +369,18 @@ def dl_append(B, NXT, PRV, s, x):
 def dl_unlink(B, NXT, PRV, x):
     B[NXT, B[PRV, x]] = B[NXT, x]
     B[PRV, B[NXT, x]] = B[PRV, x]
+
+
+_LOW63 = 0x7FFFFFFFFFFFFFFF
+
+
+@nb.njit(cache=True, inline="always")
+def float_key(bits):
+    """An int64 ordered like the float64 whose IEEE bits are ``bits`` (read them through a float64 view
+    of an int64 array): ``a < b`` for floats iff ``float_key(bits(a)) < float_key(bits(b))``, and the
+    keys of ``-0.0`` and ``0.0`` are equal (both 0), as the floats are. Non-negative floats keep their
+    bits; a negative one's magnitude bits are flipped (larger magnitude, smaller key) and shifted up by
+    one. NaN is not ordered (its key is arbitrary)."""
+    if bits < 0:
+        return (bits ^ _LOW63) + 1
+    return bits

@@ -25,16 +25,28 @@ Choices:
   their descendants unreachable (``orphan_blocks``); ``pgdsf`` evicts leaves only.
 
 Units: ``L`` and ``H`` in cost units (linear FLOPs of one block); ``block_size`` (from the cache) in tokens.
+
+Cost: O(log n) per event (Python: amortised, a lazy heap whose monotone pushes cost O(1); compiled: an
+indexed heap). Compiled twin (numba, for the replay driver's compiled engine; tested hit for hit against
+this class): the heap is keyed by ``(H, unpin stamp)``, ``H`` computed with the same float operations in
+the same order (bit-identical) and kept as an int64 key ordered like the float
+(:func:`kvlab.policies._queues.float_key`). Its cost model reads the block size from
+``compiled_params()``, which knows it after ``prepare(encoded)`` (the replay driver calls it first).
 """
 
 from __future__ import annotations
 
 from heapq import heappush
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import HeapPolicy
+from kvlab.policies._queues import float_key, heap_push, heap_remove
 from kvlab.policies.base import register_policy
 
 LLAMA2_7B_ATTENTION_RATIO = 4 * 32 * 4096 / (2 * 6.74e9)
@@ -61,11 +73,24 @@ class GDSF(HeapPolicy):
         self._cost: list[float] = []
         self._prio: list[float] = []
         self._block_size = 1
+        self._block_size_known = False
+
+    def prepare(self, encoded: object) -> None:
+        """Read the replay's block size (tokens): the compiled twin's cost model needs it."""
+        self._block_size = int(encoded.block_size)  # type: ignore[attr-defined]
+        self._block_size_known = True
+
+    def compiled_params(self) -> np.ndarray:
+        """``[attention_ratio, block_size]``, the block size from ``prepare`` (or ``attach``)."""
+        if not self._block_size_known:
+            raise ConfigError("gdsf: compiled_params() needs the block size: call prepare(encoded) first")
+        return np.array([self.attention_ratio, self._block_size], dtype=np.float64)
 
     def attach(self, cache: object) -> None:
         super().attach(cache)
         n = cache.num_blocks  # type: ignore[attr-defined]
         self._block_size = cache.block_size  # type: ignore[attr-defined]
+        self._block_size_known = True
         self._freq = [0] * n
         self._cost = [0.0] * n
         self._prio = [0.0] * n
@@ -106,3 +131,75 @@ class GDSF(HeapPolicy):
 
     def on_remove(self, block: KVBlock) -> None:
         HeapPolicy.on_evict(self, block)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, Bf, M, F). B (per block): an indexed heap of the evictable blocks (H, P) keyed by (KEY,
+# STAMP) = (float_key of H when unpinned, unpin stamp), FREQ; PRIO and COST hold float64 bits, read and
+# written through Bf = B.view(np.float64). M = [heap size, stamp clock, block size]; F = [clock L,
+# attention_ratio].
+H, P, KEY, STAMP, FREQ, PRIO, COST = range(7)
+N, CLOCK, BS = range(3)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    B = np.zeros((7, capacity), np.int64)
+    B[P] = -1
+    M = np.zeros(3, np.int64)
+    M[BS] = np.int64(params[1])
+    F = np.zeros(2, np.float64)
+    F[1] = params[0]
+    return (B, B.view(np.float64), M, F)
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    B, Bf, M, F = state
+    bs = M[BS]
+    c = 1.0 + F[1] * (pos * bs + (bs + 1) / 2)  # block_cost(), same operations
+    B[FREQ, b] = 1
+    Bf[COST, b] = c
+    Bf[PRIO, b] = F[0] + c
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    # an evictable block's heap key stays (as in Python): on_pin follows and takes it out
+    B, Bf, F = state[0], state[1], state[3]
+    f = B[FREQ, b] + 1
+    B[FREQ, b] = f
+    Bf[PRIO, b] = F[0] + f * Bf[COST, b]
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B, M = state[0], state[2]
+    heap_remove(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M = state[0], state[2]
+    B[KEY, b] = float_key(B[PRIO, b])
+    B[STAMP, b] = M[CLOCK]
+    M[CLOCK] += 1
+    heap_push(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    return state[0][H, 0]
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, Bf, M, F = state
+    if B[P, b] >= 0:
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+    h = Bf[PRIO, b]
+    if h > F[0]:
+        F[0] = h
+
+
+GDSF.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

@@ -10,15 +10,22 @@ Documented choices: ties go to the least recently unpinned block (vLLM's LRU ord
 while the block is pinned; pinned blocks are out of the order and rejoin it at unpin with their
 current ``K``; per-block frequency does not survive eviction (only ``L`` remembers). libCacheSim's
 ``LFUDA.c`` is not this formula (it adds the current minimum to the frequency at each hit and does not
-increment it), so no cross-check with it is claimed. O(1) per event but when a priority gets its
-first block (O(log n)).
+increment it), so no cross-check with it is claimed.
+
+Python: O(1) per event but when a priority gets its first block (O(log n)). Compiled twin (numba, used
+by the replay driver's compiled engine; tested hit for hit against this class): O(log n) per event, an
+indexed heap on ``(K at unpin, unpin stamp)``.
 """
 
 from __future__ import annotations
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import BucketQueue
+from kvlab.policies._queues import BucketQueue, heap_push, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -68,3 +75,66 @@ class LFUDA(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, M). B (per block): an indexed heap of the evictable blocks (H, P) keyed by (KEY, STAMP) = (K
+# when unpinned, unpin stamp), as the Python BucketQueue's push order; FREQ and PRIO (K) of every cached
+# block. M = [heap size, stamp clock, age L].
+H, P, FREQ, PRIO, KEY, STAMP = range(6)
+N, CLOCK, AGE = range(3)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    B = np.zeros((6, capacity), np.int64)
+    B[P] = -1
+    return (B, np.zeros(3, np.int64))
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    B, M = state
+    B[FREQ, b] = 1
+    B[PRIO, b] = M[AGE] + 1
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    # an evictable block's heap key stays (as in Python): on_pin follows and takes it out
+    B, M = state
+    f = B[FREQ, b] + 1
+    B[FREQ, b] = f
+    B[PRIO, b] = M[AGE] + f
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B, M = state
+    heap_remove(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M = state
+    B[KEY, b] = B[PRIO, b]
+    B[STAMP, b] = M[CLOCK]
+    M[CLOCK] += 1
+    heap_push(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    return state[0][H, 0]
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, M = state
+    if B[P, b] >= 0:
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+    if B[PRIO, b] > M[AGE]:
+        M[AGE] = B[PRIO, b]
+
+
+LFUDA.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

@@ -16,7 +16,9 @@ A1out before the eviction pushes one); A1in keeps its entry order through pin/un
 unpin time (vLLM's LRU order); ``|A1in|`` counts placed blocks, pinned or not; if the chosen queue has
 no evictable block the other one is used; only A1out remembers a key after eviction.
 On object sequences this is libCacheSim's TwoQ hit for hit. O(1) per event but for A1in blocks
-pinned while at its head (O(log n)).
+pinned while at its head (O(log n)), in Python and in the compiled twin (numba, used by the replay
+driver's compiled engine; tested hit for hit against this class): A1in a parking FIFO queue
+(``kvlab.policies._queues.fq_*``), Am a linked list, A1out a FIFO list of dense key ids.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
-from kvlab.policies._queues import FifoQueue
+from kvlab.policies._queues import FifoQueue, dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -54,6 +60,9 @@ class TwoQ(EvictionPolicy):
         self.capacity = cache.num_blocks  # type: ignore[attr-defined]
         self.ain_size = int(self.capacity * self.ain_ratio)
         self.aout_size = int(self.capacity * self.aout_ratio)
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array([self.ain_ratio, self.aout_ratio], dtype=np.float64)
 
     def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
         bid = block.block_id
@@ -103,3 +112,116 @@ class TwoQ(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._ain) + len(self._am)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, K, M). B (per block; sentinel columns C = A1in, C + 1 = Am): A1in is a parking FIFO queue
+# (kvlab.policies._queues.fq_*: NXT / PRV / LOC / PIN and the front heap H / P / K1 / K2), Am a linked
+# list of its evictable blocks on the same NXT / PRV rows (least recent first), WHERE (0 not placed,
+# 1 A1in, 2 Am), BKEY. K (per key; sentinel column = number of keys): A1out, a FIFO list (GNXT / GPRV,
+# INA = member). M: counts, clock, sizes (slots below).
+NXT, PRV, LOC, PIN, H, P, K1, K2, WHERE, BKEY = range(10)
+GNXT, GPRV, INA = range(3)
+FN, CLOCK, N_AIN, N_AOUT, AIN_SIZE, AOUT_SIZE = range(6)
+AIN, AM = 1, 2
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    B = np.zeros((10, capacity + 2), np.int64)
+    B[NXT] = np.arange(capacity + 2)
+    B[PRV] = np.arange(capacity + 2)
+    B[P] = -1
+    K = np.zeros((3, num_keys + 1), np.int64)
+    K[GNXT] = np.arange(num_keys + 1)
+    K[GPRV] = np.arange(num_keys + 1)
+    M = np.zeros(6, np.int64)
+    M[AIN_SIZE] = np.int64(capacity * params[0])
+    M[AOUT_SIZE] = np.int64(capacity * params[1])
+    return (B, K, M)
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    B = state[0]
+    B[BKEY, b] = key
+    B[WHERE, b] = 0
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    pass
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B = state[0]
+    if B[WHERE, b] == AM:
+        dl_unlink(B, NXT, PRV, b)
+    else:
+        B[PIN, b] = 1
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, K, M = state
+    w = B[WHERE, b]
+    if w == AM:
+        dl_append(B, NXT, PRV, B.shape[1] - 1, b)
+    elif w == AIN:
+        fq_unpin(B, M, LOC, PIN, H, P, K1, K2, FN, b)
+    else:
+        k = B[BKEY, b]
+        if K[INA, k]:  # first unpin of a block whose key was in A1out: Am
+            dl_unlink(K, GNXT, GPRV, k)
+            K[INA, k] = 0
+            M[N_AOUT] -= 1
+            B[WHERE, b] = AM
+            dl_append(B, NXT, PRV, B.shape[1] - 1, b)
+        else:  # first unpin: tail of A1in
+            B[WHERE, b] = AIN
+            B[PIN, b] = 0
+            B[K2, b] = M[CLOCK]
+            M[CLOCK] += 1
+            M[N_AIN] += 1
+            fq_append(B, NXT, PRV, LOC, B.shape[1] - 2, b)
+    s = K.shape[1] - 1
+    while M[N_AOUT] > M[AOUT_SIZE]:
+        k = K[GNXT, s]
+        dl_unlink(K, GNXT, GPRV, k)
+        K[INA, k] = 0
+        M[N_AOUT] -= 1
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, M = state[0], state[2]
+    s_am = B.shape[1] - 1
+    if M[N_AIN] > M[AIN_SIZE]:
+        b = fq_first(B, M, NXT, PRV, LOC, PIN, H, P, K1, K2, FN, s_am - 1)
+        if b >= 0:
+            return b
+    b = B[NXT, s_am]
+    if b != s_am:
+        return b
+    return fq_first(B, M, NXT, PRV, LOC, PIN, H, P, K1, K2, FN, s_am - 1)
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, K, M = state
+    w = B[WHERE, b]
+    B[WHERE, b] = 0
+    if w == AM:
+        dl_unlink(B, NXT, PRV, b)
+    elif w == AIN:
+        fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, FN, b)
+        M[N_AIN] -= 1
+        k = B[BKEY, b]
+        if M[AOUT_SIZE] > 0 and K[INA, k] == 0:
+            dl_append(K, GNXT, GPRV, K.shape[1] - 1, k)
+            K[INA, k] = 1
+            M[N_AOUT] += 1
+
+
+TwoQ.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
