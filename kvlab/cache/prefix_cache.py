@@ -177,20 +177,40 @@ class PrefixCache:
             raise CapacityError(f"cannot allocate {num} blocks: {self.num_free_blocks} free or evictable")
         if keys:
             self.policy.on_miss(keys, ctx)
-        out: list[KVBlock] = []
-        evicted = orphaned = 0
-        free, policy = self._free, self.policy
-        for _ in range(num):
-            if free:
-                block = free.popleft()
-            else:
-                block = policy.victim()
-                policy.on_evict(block)
-                orphaned += self.is_orphan(block)
-                self._drop_key(block)
-                evicted += 1
+        free = self._free
+        take = min(num, len(free))
+        out: list[KVBlock] = [free.popleft() for _ in range(take)]
+        evicted = num - take
+        orphaned = 0
+        if evicted:
+            victim, on_evict = self.policy.victim, self.policy.on_evict
+            index, children = self._index, self._children
+            orphans = self._orphans
+            for _ in range(evicted):
+                block = victim()
+                on_evict(block)
+                key, parent = block.key, block.parent
+                if parent is not None:  # (_drop_key, inlined: this loop is the replay's hot path)
+                    left = children[parent] - 1
+                    if left:
+                        children[parent] = left
+                    else:
+                        del children[parent]
+                    if parent not in index:  # an orphan leaves
+                        orphaned += 1
+                        orphans -= 1
+                held = index[key]
+                del held[block.block_id]
+                if not held:
+                    del index[key]
+                    orphans += children.get(key, 0)  # its cached children become unreachable
+                block.key = block.parent = block.truth = None
+                block.position = -1
+                out.append(block)
+                self._orphans = orphans  # (kept current: a policy may read the cache between victims)
+                self._cached -= 1
+        for block in out:
             block.ref_cnt = 1
-            out.append(block)
         self.stats.evictions += evicted
         self.stats.orphan_evictions += orphaned
         return out, evicted
@@ -207,39 +227,46 @@ class PrefixCache:
         sequence whose full-block keys are ``keys`` (its parent is ``keys[start + j - 1]``). The blocks
         become findable; a key already cached is kept twice (duplicates are allowed)."""
         index, children, on_insert = self._index, self._children, self.policy.on_insert
-        for j, block in enumerate(blocks):
-            pos = start + j
+        orphans = self._orphans
+        pos = start
+        parent = keys[pos - 1] if pos else None
+        for block in blocks:
             key = keys[pos]
             if block.key is not None:
+                self._orphans = orphans
                 raise CapacityError(f"block {block.block_id} already holds a key")
-            parent = keys[pos - 1] if pos else None
             block.key, block.position, block.parent = key, pos, parent
-            block.truth = None if truths is None else truths[pos]
+            if truths is not None:
+                block.truth = truths[pos]
             held = index.get(key)
             if held is None:
-                self._orphans -= children.get(key, 0)  # its cached children become reachable
+                orphans -= children.get(key, 0)  # its cached children become reachable
             if parent is not None:  # (same order as the compiled kernel, also when parent == key)
                 children[parent] = children.get(parent, 0) + 1
                 if parent not in index:
-                    self._orphans += 1
+                    orphans += 1
             if held is None:
                 index[key] = {block.block_id: block}
             else:
                 held[block.block_id] = block
+            self._orphans = orphans
             on_insert(block, ctx)
+            parent = key
+            pos += 1
         self._cached += len(blocks)
         self.stats.inserts += len(blocks)
 
     def release(self, blocks: Sequence[KVBlock], ctx: AccessContext = NO_CONTEXT) -> None:
         """Drop one reference to each block, tail first (``blocks`` in prompt order)."""
-        policy, free = self.policy, self._free
+        on_unpin, free = self.policy.on_unpin, self._free
         for block in reversed(blocks):
-            block.ref_cnt -= 1
-            if block.ref_cnt < 0:
+            ref = block.ref_cnt - 1
+            if ref < 0:
                 raise CapacityError(f"block {block.block_id} released more often than taken")
-            if block.ref_cnt == 0:
+            block.ref_cnt = ref
+            if ref == 0:
                 if block.key is not None:
-                    policy.on_unpin(block, ctx)
+                    on_unpin(block, ctx)
                 else:
                     free.appendleft(block)
 
