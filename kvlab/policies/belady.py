@@ -26,18 +26,29 @@ Choices:
   (orphans behind its first miss) still count as used now and are kept for that one allocation.
 * Keys must be the dense key ids of the prepared EncodedWorkload (the Python replay's keys).
 * State is per key and survives eviction (it is the trace's future, not the cache's history).
+
+Cost: ``prepare`` is O(m log m) for m key occurrences; then every key occurrence of the trace is
+advanced once (O(1) each), plus O(log n) per event and per evictable block whose key's next use moves
+(n evictable blocks). Compiled twin (``Belady.compiled``, run by the replay's compiled engine): the same
+order on an indexed heap keyed by (``NEVER - next use``, push stamp), with the same stamp sequence and the
+same clock (a request is learnt at ``on_insert``/``on_hit``/``on_pin``/``on_unpin``, not ``on_miss``, and
+keys are advanced in ``on_unpin`` and ``victim``); ``compiled_params()`` passes the prepared
+``(offsets, key_ids, next use)`` arrays. Tested hit for hit against this class and libCacheSim.
 """
 
 from __future__ import annotations
 
 from heapq import heappush
 
+import numba as nb
 import numpy as np
 
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import HeapPolicy
+from kvlab.policies._queues import heap_fix, heap_push, heap_remove
 from kvlab.policies.base import register_policy
 
 NEVER = 1 << 62
@@ -83,18 +94,27 @@ class Belady(HeapPolicy):
         self._done = -1  # last request whose keys were advanced
         self._cur = -1  # latest request index seen in a context
         self._evictable: dict[int, int | list[int]] = {}  # key -> its evictable block id(s)
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # for the compiled twin
 
     def prepare(self, encoded: object) -> None:
-        offsets = np.asarray(encoded.offsets, dtype=np.int64)  # type: ignore[attr-defined]
-        key_ids = np.asarray(encoded.key_ids, dtype=np.int64)  # type: ignore[attr-defined]
+        offsets = np.ascontiguousarray(encoded.offsets, dtype=np.int64)  # type: ignore[attr-defined]
+        key_ids = np.ascontiguousarray(encoded.key_ids, dtype=np.int64)  # type: ignore[attr-defined]
+        nxt = next_use(offsets, key_ids)
+        self._arrays = (offsets, key_ids, nxt)
         self._off = offsets.tolist()
         self._keys = key_ids.tolist()
-        self._nxt = next_use(offsets, key_ids).tolist()
+        self._nxt = nxt.tolist()
         num_keys = int(key_ids.max()) + 1 if len(key_ids) else 0
         self._key_next = [NEVER] * max(num_keys, int(getattr(encoded, "num_keys", 0)))
         self._done = -1
         self._cur = -1
         self._evictable = {}
+
+    def compiled_params(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The prepared future: ``(offsets, key_ids, next use per key occurrence)``, int64."""
+        if self._arrays is None:
+            raise ConfigError("belady needs prepare(encoded) with the workload's future before use")
+        return self._arrays
 
     def _advance(self, seq: int) -> None:
         """Move the next use of every key of requests ``done+1 .. seq`` past its request."""
@@ -188,3 +208,124 @@ class Belady(HeapPolicy):
 
     def on_evict(self, block: KVBlock) -> None:
         self._forget(block)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, K, M, off, keys, nxt). B rows over blocks: an indexed heap of the evictable blocks keyed by
+# (NEVER - next use of the block's key, push stamp) [H, P, PRI, STAMP], the block's key [BKEY] and links
+# of its key's list of evictable blocks in unpin order [ENXT, EPRV]; K rows over keys: that list's
+# [KHEAD, KTAIL] (-1 = none) and the key's next use [KNEXT]; M = [heap size, next stamp, done, cur] as in
+# the Python class. Python's stale heap entries are replaced by heap_fix with the new (priority, stamp).
+H, P, PRI, STAMP, BKEY, ENXT, EPRV = range(7)
+KHEAD, KTAIL, KNEXT = range(3)
+_N, _NEXT, _DONE, _CUR = range(4)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    off, keys, nxt = params
+    B = np.full((7, capacity), -1, np.int64)
+    K = np.full((3, num_keys), -1, np.int64)
+    K[KNEXT] = NEVER
+    M = np.zeros(4, np.int64)
+    M[_NEXT] = 1
+    M[_DONE] = -1
+    M[_CUR] = -1
+    return (B, K, M, off, keys, nxt)
+
+
+@nb.njit(cache=True)
+def _advance(state, seq):
+    """Belady._advance: every key of requests done+1 .. seq gets its next use after that request; its
+    evictable blocks (in unpin order) get the new priority and fresh stamps."""
+    B, K, M, off, keys, nxt = state
+    for r in range(M[_DONE] + 1, seq + 1):
+        for j in range(off[r], off[r + 1]):
+            k = keys[j]
+            nx = nxt[j]
+            K[KNEXT, k] = nx
+            b = K[KHEAD, k]
+            while b >= 0:
+                B[PRI, b] = NEVER - nx
+                B[STAMP, b] = M[_NEXT]
+                M[_NEXT] += 1
+                heap_fix(B, M, H, P, PRI, STAMP, _N, b)
+                b = B[ENXT, b]
+    M[_DONE] = seq
+
+
+@nb.njit(cache=True, inline="always")
+def _see(M, seq):
+    if seq > M[_CUR]:
+        M[_CUR] = seq
+
+
+@nb.njit(cache=True)
+def _forget(B, K, M, b):
+    """Take evictable block ``b`` out of the heap and its key's list."""
+    heap_remove(B, M, H, P, PRI, STAMP, _N, b)
+    k = B[BKEY, b]
+    nxt_b, pb = B[ENXT, b], B[EPRV, b]
+    if pb >= 0:
+        B[ENXT, pb] = nxt_b
+    else:
+        K[KHEAD, k] = nxt_b
+    if nxt_b >= 0:
+        B[EPRV, nxt_b] = pb
+    else:
+        K[KTAIL, k] = pb
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    state[0][BKEY, b] = key
+    _see(state[2], seq)
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    _see(state[2], seq)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B, K, M = state[0], state[1], state[2]
+    _see(M, seq)
+    _forget(B, K, M, b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, K, M = state[0], state[1], state[2]
+    _see(M, seq)
+    if M[_CUR] > M[_DONE]:
+        _advance(state, M[_CUR])
+    k = B[BKEY, b]
+    t = K[KTAIL, k]
+    B[EPRV, b] = t
+    B[ENXT, b] = -1
+    if t >= 0:
+        B[ENXT, t] = b
+    else:
+        K[KHEAD, k] = b
+    K[KTAIL, k] = b
+    B[PRI, b] = NEVER - K[KNEXT, k]
+    B[STAMP, b] = M[_NEXT]
+    M[_NEXT] += 1
+    heap_push(B, M, H, P, PRI, STAMP, _N, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    M = state[2]
+    if M[_CUR] > M[_DONE]:
+        _advance(state, M[_CUR])
+    return state[0][H, 0]
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    _forget(state[0], state[1], state[2], b)
+
+
+Belady.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
