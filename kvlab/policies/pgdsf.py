@@ -25,6 +25,22 @@ priority (it never decreases). A knowledge-tree node is one cached block here:
 * Ties go to the least recently unpinned block. One clock per cache (per tier).
 
 Units: priorities in cost units; ``block_size`` (from the cache) in tokens.
+
+Cost: O(log n) per event, amortised (Python: the lazy heap of ``kvlab.policies._heap``, a non-leaf
+parked at most once per non-leaf period; the fallback when only parked blocks are evictable scans them).
+
+Compiled twin (numba, run by the replay driver's compiled engine; tested hit for hit, every replay
+column, against this class). The victim this class picks is, in every case, the smallest entry
+``(priority when unpinned, unpin stamp)`` among the evictable leaves, or among all evictable blocks when
+none is a leaf (its parked blocks always have cached children: a key's group is released when its last
+cached child goes). The twin keeps that order directly: an indexed heap of the queued blocks keyed by
+(priority bits, stamp) -- priorities are positive, so their IEEE bits order like the floats -- a second
+one of the parked blocks (the fallback is its top, O(1)), per-key linked groups of parked blocks
+released as soon as the key's count of cached children (tracked by the twin, the parent of position
+``p`` being the request's key at ``p - 1``) drops to 0, and the per-key statistics in arrays over the
+dense key ids (they survive eviction). Floats are computed with this class's operations in the same
+order (bit-identical). ``compiled_params()`` needs ``prepare(encoded)`` first (the replay driver calls
+it): ``([attention_ratio, block_size], prompt_tokens, offsets, key_ids)``.
 """
 
 from __future__ import annotations
@@ -32,10 +48,15 @@ from __future__ import annotations
 from collections.abc import Hashable
 from heapq import heappush
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
+from kvlab.policies._queues import heap_push, heap_remove
 from kvlab.policies.base import register_policy
 from kvlab.policies.gdsf import LLAMA2_7B_ATTENTION_RATIO
 
@@ -58,6 +79,24 @@ class PGDSF(LeafHeapPolicy):
         self._span_seq: int | None = None  # (seq, request_id) of the request whose span cost is cached
         self._span_rid: int | None = None
         self._span_cost = 1.0
+        self._encoded: object | None = None
+
+    def prepare(self, encoded: object) -> None:
+        """Keep the replay's encoded workload: the compiled twin reads its block size, prompt lengths and
+        key ids (a block's parent key)."""
+        self._encoded = encoded
+
+    def compiled_params(self) -> tuple:
+        """``([attention_ratio, block_size], prompt_tokens, offsets, key_ids)`` of the prepared workload."""
+        enc = self._encoded
+        if enc is None:
+            raise ConfigError("pgdsf: compiled_params() needs the workload: call prepare(encoded) first")
+        return (
+            np.array([self.attention_ratio, enc.block_size], dtype=np.float64),  # type: ignore[attr-defined]
+            np.ascontiguousarray(enc.prompt_tokens, dtype=np.int64),  # type: ignore[attr-defined]
+            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
+            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
+        )
 
     def attach(self, cache: object) -> None:
         super().attach(cache)
@@ -112,3 +151,165 @@ class PGDSF(LeafHeapPolicy):
 
     def on_remove(self, block: KVBlock) -> None:
         super().on_evict(block)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, Bf, K, Kf, M, F, prompt_tokens, offsets, key_ids).
+# B (per block, int64; Bf = its float64 view): the queued evictable blocks in an indexed heap (H, P) and
+# the parked ones in another (H2, P2), both keyed by (KEY, STAMP) = (IEEE bits of the priority when
+# unpinned, unpin stamp); BKEY, BPAR (the block's key and parent key, -1 = none); GNXT, GPRV (the parked
+# group of BKEY, a linked list); PRIO (float bits: the current priority).
+# K (per dense key, int64; Kf its float64 view): FREQ, CNT (computations), MEAN (float bits: mean span
+# cost), CHILD (cached blocks whose parent is this key), GHEAD (first parked block of the key, -1 none).
+# B and K are transposes of row-per-block / row-per-key arrays (one block's or key's fields share cache
+# lines: about twice as fast on Mooncake as the field-major layout, the key arrays being large).
+# M = [queued heap size, parked heap size, stamp clock, seq of the span cost, block size];
+# F = [clock, span cost, attention_ratio].
+H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV, PRIO = range(11)
+FREQ, CNT, MEAN, CHILD, GHEAD = range(5)
+N, N2, SCLOCK, SPAN, BS = range(5)
+CLOCK, SPANC, AR = range(3)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    values, prompt, offsets, key_ids = params
+    Bt = np.zeros((capacity, 11), np.int64)
+    B = Bt.T
+    Bf = Bt.view(np.float64).T
+    for row in (P, P2, BKEY, BPAR, GNXT, GPRV):
+        B[row] = -1
+    Kt = np.zeros((num_keys, 5), np.int64)
+    K = Kt.T
+    Kf = Kt.view(np.float64).T
+    K[GHEAD] = -1
+    M = np.zeros(5, np.int64)
+    M[SPAN] = -1
+    M[BS] = np.int64(values[1])
+    F = np.zeros(3, np.float64)
+    F[AR] = values[0]
+    return (B, Bf, K, Kf, M, F, prompt, offsets, key_ids)
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    B, Bf, K, Kf, M, F = state[0], state[1], state[2], state[3], state[4], state[5]
+    if seq != M[SPAN]:  # the request's first inserted block: its span cost (PGDSF.span_cost)
+        M[SPAN] = seq
+        bs = M[BS]
+        c = pos * bs
+        n = max(state[6][seq] - c, bs)
+        F[SPANC] = 1.0 + F[AR] * (c + (n + 1) / 2)
+    cost = F[SPANC]
+    cnt = K[CNT, key]
+    if cnt == 0:
+        K[FREQ, key] = 1
+        Kf[MEAN, key] = cost
+        K[CNT, key] = 1
+        Bf[PRIO, b] = F[CLOCK] + cost
+    else:
+        f = K[FREQ, key] + 1
+        n = cnt + 1
+        mean = Kf[MEAN, key] + (cost - Kf[MEAN, key]) / n
+        K[FREQ, key] = f
+        Kf[MEAN, key] = mean
+        K[CNT, key] = n
+        Bf[PRIO, b] = F[CLOCK] + f * mean
+    B[BKEY, b] = key
+    if pos > 0:
+        parent = state[8][state[7][seq] + pos - 1]
+        B[BPAR, b] = parent
+        K[CHILD, parent] += 1
+    else:
+        B[BPAR, b] = -1
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    # an evictable block's heap key stays (as in Python): on_pin follows and takes it out
+    K, Kf = state[2], state[3]
+    f = K[FREQ, key] + 1
+    K[FREQ, key] = f
+    state[1][PRIO, b] = state[5][CLOCK] + f * Kf[MEAN, key]
+
+
+@nb.njit(cache=True)
+def _unpark(B, K, M, b):
+    """Take parked ``b`` out of the parked heap and its key's group."""
+    heap_remove(B, M, H2, P2, KEY, STAMP, N2, b)
+    prv, nxt = B[GPRV, b], B[GNXT, b]
+    if prv >= 0:
+        B[GNXT, prv] = nxt
+    else:
+        K[GHEAD, B[BKEY, b]] = nxt
+    if nxt >= 0:
+        B[GPRV, nxt] = prv
+
+
+@nb.njit(cache=True)
+def _drop(B, K, M, b):
+    """Forget evictable ``b``'s entry, queued or parked."""
+    if B[P, b] >= 0:
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+    elif B[P2, b] >= 0:
+        _unpark(B, K, M, b)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    _drop(state[0], state[2], state[4], b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M = state[0], state[4]
+    B[KEY, b] = B[PRIO, b]  # priorities are positive: their bits order like them
+    B[STAMP, b] = M[SCLOCK]
+    M[SCLOCK] += 1
+    heap_push(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, K, M = state[0], state[2], state[4]
+    while M[N] > 0:
+        b = B[H, 0]
+        k = B[BKEY, b]
+        if K[CHILD, k] == 0:
+            return b
+        # a non-leaf at the top: park it (with its entry) in its key's group
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+        heap_push(B, M, H2, P2, KEY, STAMP, N2, b)
+        head = K[GHEAD, k]
+        B[GPRV, b] = -1
+        B[GNXT, b] = head
+        if head >= 0:
+            B[GPRV, head] = b
+        K[GHEAD, k] = b
+    return B[H2, 0]  # only parked blocks are evictable: the smallest entry
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, Bf, K, M, F = state[0], state[1], state[2], state[4], state[5]
+    h = Bf[PRIO, b]
+    if h > F[CLOCK]:
+        F[CLOCK] = h
+    _drop(B, K, M, b)
+    parent = B[BPAR, b]
+    B[BKEY, b] = -1
+    B[BPAR, b] = -1
+    if parent >= 0:
+        left = K[CHILD, parent] - 1
+        K[CHILD, parent] = left
+        if left == 0:  # the parent key is a leaf again: its parked blocks rejoin the queue, same entries
+            x = K[GHEAD, parent]
+            K[GHEAD, parent] = -1
+            while x >= 0:
+                nxt = B[GNXT, x]
+                heap_remove(B, M, H2, P2, KEY, STAMP, N2, x)
+                heap_push(B, M, H, P, KEY, STAMP, N, x)
+                x = nxt
+
+
+PGDSF.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
