@@ -154,3 +154,17 @@ def test_tensor_parallel_and_saved_flops():
     m = cost.model
     # the saved part: linear FLOPs of the hit tokens + their own attention pairs
     assert saved[1] == pytest.approx(512 * m.linear_flops_per_token + m.attention_flops_per_pair * 512 * 513 / 2)
+
+
+def test_prefill_overhead_counts_prefill_entries_only():
+    hw = load_hardware("h100")
+    with_p = hw.with_overrides(prefill_overhead_s=0.004)
+    base, cost = CostModel("llama-3-8b", hw), CostModel("llama-3-8b", with_p)
+    batch = [(128, 0), (64, 512), (1, 700), (1, 30), (1, 0)]  # 3 prefills (n > 1, or a first token), 2 decodes
+    assert cost.duration(batch) == pytest.approx(base.duration(batch) + 3 * 0.004, rel=1e-12)
+    assert cost.breakdown(batch).t_overhead == pytest.approx(hw.step_overhead_s + 3 * 0.004)
+    decodes = [(1, 100), (1, 250)]
+    assert cost.duration(decodes) == base.duration(decodes)
+    np.testing.assert_array_equal(cost.decode_durations([100, 250], 5), base.decode_durations([100, 250], 5))
+    with pytest.raises(ConfigError):
+        hw.with_overrides(prefill_overhead_s=-1.0)

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
-from kvlab.sim.cost import CostModel
+from kvlab.sim.cost import CostModel, num_prefills
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 
 EXECUTIONS = ("sequential", "batched")
@@ -114,8 +114,9 @@ def measure_steps(
 ) -> pd.DataFrame:
     """Time each batch ``repeats`` times through the executor's per-entry path; one row per batch.
 
-    An entry ``(n, c)`` with ``n == 1`` and ``c > 0`` is a decode step over a working cache of ``c``
-    tokens (prepared untimed); any other runs as a prefill chunk after ``c`` hit tokens gathered from the
+    An entry ``(n, c)`` with ``n == 1`` and ``c > 0`` is a decode step over the working cache a prefill of
+    ``c`` tokens left (that prefill untimed, so the cache is built as in serving); any other runs as a
+    prefill chunk after ``c`` hit tokens gathered from the
     pool (timed, as in serving). Columns: ``point`` (label), ``entries`` (JSON list), ``batch``,
     ``new_tokens`` / ``context`` (of the first entry), ``seconds`` (median), ``min_s``, ``p90_s``,
     ``spread`` ((p90 − p10) / median), ``repeats``, ``times`` (JSON list of every timing, seconds).
@@ -123,7 +124,6 @@ def measure_steps(
     import torch
     from tqdm.auto import tqdm
 
-    from kvlab.engine.model import cache_from_kv
     from kvlab.sim.engine_executor import (
         EngineExecutor,
         EngineSequence,
@@ -157,10 +157,8 @@ def measure_steps(
                     ids = [(offset + j) % nb for j in range(k)]
                     offset += k
                     seq = EngineSequence(rng.integers(0, vocab, c + n).tolist(), c + n)
-                    if n == 1 and c > 0:  # a decode step: the working cache exists already
-                        kv = engine.pool.gather(ids[: -(-c // bs)], c)
-                        seq.working = cache_from_kv(kv, engine.layout.num_layers, engine.kv_dtype)
-                        seq.working_len = c
+                    if n == 1 and c > 0:  # a decode step: its working cache comes from a prefill, as in serving
+                        executor.run_entry(seq, ids, c, 0)
                     prepared.append((seq, ids, n, c))
                 sync_device(engine.device)
                 t0 = clock()
@@ -207,19 +205,21 @@ def _entries(samples: pd.DataFrame) -> list[Point]:
 
 # ---------------------------------------------------------------------- the fit
 def _features(cost: CostModel, point: Point, execution: str) -> np.ndarray:
-    """``[lin FLOPs, attention FLOPs, bytes]`` per group of a batch (one group per entry when sequential)."""
+    """``[lin FLOPs, attention FLOPs, bytes, prefill entries]`` per group of a batch (one group per entry
+    when sequential)."""
     groups = [[e] for e in point] if execution == "sequential" else [list(point)]
-    out = np.empty((len(groups), 3))
+    out = np.empty((len(groups), 4))
     for g, entries in enumerate(groups):
         tokens, seqs, pairs, kv = cost.batch_totals(entries)
-        out[g] = (cost.f_lin * tokens + cost.f_head * seqs, cost.f_pair * pairs, cost.b_weights + cost.b_kv * kv)
+        out[g] = (cost.f_lin * tokens + cost.f_head * seqs, cost.f_pair * pairs, cost.b_weights + cost.b_kv * kv,
+                  num_prefills(entries))
     return out
 
 
 def _predict(theta: np.ndarray, feats: list[np.ndarray]) -> np.ndarray:
-    u_l, u_a, u_m, t0 = theta
+    u_l, u_a, u_m, t0, t_p = theta
     return np.array([float(np.maximum(u_l * f[:, 0] + u_a * f[:, 1], u_m * f[:, 2]).sum()) + len(f) * t0
-                     for f in feats])
+                     + t_p * float(f[:, 3].sum()) for f in feats])
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -246,7 +246,7 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray | None = None,
               max_iter: int = 100) -> tuple[np.ndarray, float]:
-    """``theta = (u_lin, u_attn, u_mem, t_0)`` minimising Σ ((predicted − t) / t)², all ≥ 0; and that sum.
+    """``theta = (u_lin, u_attn, u_mem, t_0, t_prefill)`` minimising Σ ((predicted − t) / t)², all ≥ 0; and that sum.
 
     ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes]``). Alternates branch assignment and a
     non-negative linear solve from several starts (all compute-bound, all memory-bound, ``init``).
@@ -260,16 +260,17 @@ def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray 
         return float(np.sum(((_predict(theta, feats) - t) * w) ** 2))
 
     def solve(assign: list[np.ndarray]) -> np.ndarray:
-        a = np.zeros((len(t), 4))
+        a = np.zeros((len(t), 5))
         for i, (f, comp) in enumerate(zip(feats, assign, strict=True)):
             a[i, 0] = f[comp, 0].sum()
             a[i, 1] = f[comp, 1].sum()
             a[i, 2] = f[~comp, 2].sum()
             a[i, 3] = len(f)
+            a[i, 4] = f[:, 3].sum()
         return _nnls(a * w[:, None], np.ones(len(t)))
 
     def assignment(theta: np.ndarray) -> list[np.ndarray]:
-        u_l, u_a, u_m, _ = theta
+        u_l, u_a, u_m = theta[:3]
         return [u_l * f[:, 0] + u_a * f[:, 1] >= u_m * f[:, 2] for f in feats]
 
     starts = [[np.ones(len(f), bool) for f in feats], [np.zeros(len(f), bool) for f in feats]]
@@ -306,7 +307,7 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
     branch stays below 1 % of the compute branch of every measured step. A fitted compute or attention
     cost of 0 gets η = 1 at the (possibly raised) peak.
     """
-    u_l, u_a, u_m, t0 = (float(x) for x in theta)
+    u_l, u_a, u_m, t0, t_p = (float(x) for x in theta)
     notes = []
     r_l = 1.0 / u_l if u_l > 0 else np.inf
     r_a = 1.0 / u_a if u_a > 0 else np.inf
@@ -326,7 +327,7 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
         compute_efficiency=float(min(1.0, r_l / peak)) if np.isfinite(r_l) else 1.0,
         attention_efficiency=float(min(1.0, r_a / peak)) if np.isfinite(r_a) else 1.0,
         memory_efficiency=float(min(1.0, r_m / bandwidth)) if np.isfinite(r_m) else 1.0,
-        step_overhead_s=float(t0), calibrated=True, **changes,
+        step_overhead_s=float(t0), prefill_overhead_s=float(t_p), calibrated=True, **changes,
     )
     return profile, notes
 
@@ -381,7 +382,8 @@ def fit_cost_model(
     cost0 = CostModel(model, base_p)
     points = _entries(samples)
     feats = [_features(cost0, p, execution) for p in points]
-    init = np.array([1 / cost0.lin_rate, 1 / cost0.attn_rate, 1 / cost0.mem_rate, cost0.overhead])
+    init = np.array([1 / cost0.lin_rate, 1 / cost0.attn_rate, 1 / cost0.mem_rate, cost0.overhead,
+                     cost0.prefill_overhead])
     theta, _ = fit_rates(feats, samples["seconds"].to_numpy(np.float64), init=init)
     changes: dict = {"name": name or f"{base_p.name}-cal-{model.name}"}
     if description:
@@ -404,7 +406,7 @@ def fit_cost_model(
         pb = predict_seconds(cost, [p for p, m in zip(points, multi, strict=True) if m], "batched")
         batched_stats = residual_stats((pb - measured[multi]) / measured[multi])
         frame["batched_equation_s"] = predict_seconds(cost, points, "batched")
-    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s"),
+    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s", "t_prefill_s"),
                  (float(x) for x in theta), strict=True))
     return CalibrationFit(profile, u, frame, stats, execution, notes, batched_stats)
 

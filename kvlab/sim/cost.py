@@ -11,9 +11,10 @@ and its duration is ::
     t_compute = (F_lin × T + F_head × S) / (peak × tp × η_lin) + F_pair × A / (peak × tp × η_attn)
     t_memory  = (B_weights + B_kv × K) / (bandwidth × tp × η_mem)
     t_comm    = [tp > 1] × (2 L × T × H × b × 2 (tp − 1) / tp / link + 2 L × latency)
-    t_step    = max(t_compute, t_memory) + t_comm + overhead
+    t_step    = max(t_compute, t_memory) + t_comm + overhead + prefill_overhead × P
 
-with ``F_lin`` = 2 × layer weights a token multiplies by, ``F_head`` = 2 × vocab × hidden, ``F_pair`` =
+with ``P`` the prefill entries (``n > 1`` or ``c = 0``; decode entries are ``(1, c > 0)``),
+``F_lin`` = 2 × layer weights a token multiplies by, ``F_head`` = 2 × vocab × hidden, ``F_pair`` =
 4 × layers × heads × head_dim, ``B_weights`` = bytes of the layers + LM head, ``B_kv`` = KV bytes per
 token. The same expression serves Python scalars and numpy arrays, so a run of identical decode steps
 computed at once (``decode_durations``) equals the steps computed one by one, bit for bit.
@@ -47,6 +48,11 @@ def attention_pairs_array(n: np.ndarray, c: np.ndarray, window: int | None) -> n
     m = np.clip(window - c, 0, None)
     m = np.minimum(n, m)
     return m * c + m * (m + 1) // 2 + (n - m) * window
+
+
+def num_prefills(entries: Iterable[tuple[int, int]]) -> int:
+    """Prefill entries of a batch: more than one new token, or a sequence's first (no cached context)."""
+    return sum(1 for n, c in entries if n > 1 or c == 0)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class CostModel:
         self.attn_rate = hw.peak_flops * tp * hw.attention_efficiency
         self.mem_rate = hw.memory_bandwidth * tp * hw.memory_efficiency
         self.overhead = hw.step_overhead_s
+        self.prefill_overhead = hw.prefill_overhead_s
         if tp > 1:
             if hw.interconnect_bandwidth <= 0:
                 raise ConfigError(f"tensor_parallel={tp} needs an interconnect bandwidth in {hw.name!r}")
@@ -148,7 +155,10 @@ class CostModel:
         """Seconds of one step over ``(num_new_tokens, cached_context)`` entries (0 for an empty batch)."""
         if not entries:
             return 0.0
-        return float(self.step_time(*self.batch_totals(entries)))
+        t = float(self.step_time(*self.batch_totals(entries)))
+        if self.prefill_overhead:
+            t += self.prefill_overhead * num_prefills(entries)
+        return t
 
     def decode_durations(self, contexts: Sequence[int] | np.ndarray, steps: int) -> np.ndarray:
         """Durations of ``steps`` consecutive decode steps of one token per sequence; in step i sequence r
@@ -177,8 +187,8 @@ class CostModel:
         t_c = lin / self.lin_rate + attn / self.attn_rate
         t_m = (wb + kb) / self.mem_rate
         t_comm = self.comm_per_token * tokens + self.comm_fixed
-        return StepBreakdown(tokens, seqs, lin, attn, wb, kb, t_c, t_m, t_comm, self.overhead,
-                             self.duration(entries))
+        return StepBreakdown(tokens, seqs, lin, attn, wb, kb, t_c, t_m, t_comm,
+                             self.overhead + self.prefill_overhead * num_prefills(entries), self.duration(entries))
 
     def prefill(self, num_tokens: int, cached: int = 0) -> StepBreakdown:
         """One request's prefill of ``num_tokens`` new tokens after ``cached`` reused ones, alone in a step."""

@@ -312,8 +312,10 @@ class HardwareProfile:
 
     Efficiency factors are the attained share of the peak: ``compute_efficiency`` for the linear layers,
     ``attention_efficiency`` for attention FLOPs, ``memory_efficiency`` for weight and KV traffic.
-    ``step_overhead_s`` is added once per step (scheduling, launch, sampling); ``collective_latency_s``
-    once per all-reduce under tensor parallelism.
+    ``step_overhead_s`` is added once per step (scheduling, launch, sampling); ``prefill_overhead_s`` once
+    per prefill entry of a step (a sequence computing more than one token, or its first: gathering its
+    cached context, writing new KV into the pool; 0 unless calibrated); ``collective_latency_s`` once per
+    all-reduce under tensor parallelism.
     """
 
     name: str
@@ -329,6 +331,7 @@ class HardwareProfile:
     memory_efficiency: float = 0.8
     step_overhead_s: float = 0.001
     collective_latency_s: float = 1e-05
+    prefill_overhead_s: float = 0.0
     calibrated: bool = False
     description: str = ""
     source: str = ""
@@ -340,7 +343,7 @@ class HardwareProfile:
         for f in ("compute_efficiency", "attention_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ConfigError(f"hardware profile {self.name!r}: {f} must be in (0, 1]")
-        if self.step_overhead_s < 0 or self.collective_latency_s < 0:
+        if self.step_overhead_s < 0 or self.collective_latency_s < 0 or self.prefill_overhead_s < 0:
             raise ConfigError(f"hardware profile {self.name!r}: overheads must be >= 0")
 
     @property

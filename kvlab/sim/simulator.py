@@ -42,8 +42,7 @@ class CostModelExecutor:
         self.cost = cost
 
     def execute(self, batch: list[Entry]) -> float:
-        cost = self.cost
-        return float(cost.step_time(*cost.batch_totals((n, c) for _, n, c in batch)))
+        return self.cost.duration([(n, c) for _, n, c in batch])
 
     def decode_durations(self, contexts: list[int], steps: int) -> np.ndarray:
         """Durations of ``steps`` identical decode steps (fast forward); element 0 = ``execute`` of the batch."""
