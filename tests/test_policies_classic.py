@@ -9,6 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import pandas as pd
 import pytest
+from _util import random_token_workload
 
 from kvlab.cache import AccessContext, PrefixCache
 from kvlab.policies import make_policy
@@ -21,22 +22,11 @@ from kvlab.workload.workload import from_lists
 lcs = pytest.importorskip("libcachesim")
 
 CLASSIC = ["fifo", "mru", "clock", "sieve", "s3fifo", "arc", "2q", "slru", "lfu", "lfuda", "lfu-halflife", "wtinylfu"]
-COMPILED = ["fifo", "sieve", "s3fifo", "arc", "lfu"]
+# every registered policy with a numba twin (read at collection: a new twin is tested without listing it)
+COMPILED = sorted(name for name, cls in _REGISTRY.items() if getattr(cls, "compiled", None) is not None)
 # both engines allocate all of a request's new blocks before keying them (vLLM's order), so every
 # column, orphan_evictions included, must agree
 COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
-
-
-def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):
-    """Prompts from a tiny vocabulary with shared prefixes: lots of hits, duplicates and evictions."""
-    rng = np.random.default_rng(seed)
-    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
-    prompts = []
-    for _ in range(n):
-        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
-        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
-        prompts.append(stem + tail)
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
 
 
 def hits_of(keys, capacity: int, policy: str, **params) -> list[int]:
