@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
     ap.add_argument("--policy", default="lru")
-    ap.add_argument("--repeats", type=int, default=3, help="engine runs per load (median TTFT per request)")
+    ap.add_argument("--repeats", type=int, default=7,
+                    help="engine runs per load (median TTFT per request; fewer runs are noisier at high load)")
     ap.add_argument("--grid", default="limits", choices=["limits", "default"],
                     help="calibration grid: the configuration's limits (chunks up to --max-batched-tokens, contexts "
                          "up to the longest sequence) or kvlab's DEFAULT_GRID (contexts to 2,048)")
