@@ -26,6 +26,16 @@ kvlab's version:
   inner_params={...})``.
 * Decode-block priorities (``decode_retention_priority``) are not modelled: output blocks are keyed by
   position like any other block. No state survives eviction.
+
+Cost: Python O(log n) per expiring release, O(1) amortised per other event (one insertion-ordered queue
+per level; ``victim()`` scans the levels in use). Compiled twin (``TRTLLMPriority.compiled``, run by the
+replay's compiled engine), every parameter supported (ranges, ``default``, ``duration_s``, per-range
+durations, ``by_category``): the same per-level queues as doubly linked lists (O(1) per event, O(levels)
+per victim) and an indexed heap of the pending expiries keyed by (``float_key`` of ``time + duration``,
+unpin stamp), O(log n) per expiring release; ``prepare`` keeps the workload's per-request ``arrival``
+(``ctx.time``) and category (``ctx.category``), mapped to the range set each request uses. "now" is
+updated by the same hooks (insert, hit, unpin) with the same float comparison. Tested hit for hit
+against this class.
 """
 
 from __future__ import annotations
@@ -34,9 +44,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
+from kvlab.policies._queues import dl_append, dl_unlink, float_key, heap_push, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
@@ -94,6 +109,44 @@ class TRTLLMPriority(EvictionPolicy):
         self._next = 1
         self._n = 0
         self.now = float("-inf")
+        self._enc: tuple | None = None  # (arrival, category_codes, categories), for the compiled twin
+
+    def prepare(self, encoded: object) -> None:
+        arrival = getattr(encoded, "arrival", None)
+        codes = getattr(encoded, "category_codes", None)
+        self._enc = (
+            None if arrival is None else np.ascontiguousarray(arrival, dtype=np.float64),
+            None if codes is None else np.asarray(codes, dtype=np.int64),
+            tuple(getattr(encoded, "categories", ())),
+        )
+
+    def compiled_params(self) -> tuple:
+        """``([default level, ranged, levels], set offsets, ranges [start, end or -1, level, has duration],
+        durations, range set per request, arrival)``, levels as indices into the sorted levels. Set 0 is
+        ``priorities``, set 1 + i the i-th ``by_category`` entry; a request uses its category's set if
+        ``by_category`` names it, else set 0."""
+        if self._enc is None or self._enc[0] is None:
+            raise ConfigError("trtllm-priority: compiled_params() needs prepare(encoded) with per-request arrival")
+        arrival, codes, labels = self._enc
+        sets = [self.ranges, *self.by_category.values()]
+        offsets = np.zeros(len(sets) + 1, np.int64)
+        flat = [r for rs in sets for r in rs]
+        for i, rs in enumerate(sets):
+            offsets[i + 1] = offsets[i] + len(rs)
+        level = {p: i for i, p in enumerate(self._levels)}  # the twin holds priorities as level indices
+        rint = np.zeros((4, len(flat)), np.int64)
+        rdur = np.zeros(len(flat), np.float64)
+        for j, (start, end, prio, dur) in enumerate(flat):
+            rint[:, j] = (start, -1 if end is None else end, level[prio], 0 if dur is None else 1)
+            rdur[j] = 0.0 if dur is None else float(dur)
+        n = len(arrival)
+        req_set = np.zeros(n, np.int64)
+        if codes is not None and self.by_category:
+            index = {name: 1 + i for i, name in enumerate(self.by_category)}
+            code_set = np.array([index.get(str(label), 0) for label in labels] + [0], np.int64)
+            req_set = code_set[codes]  # code -1 (no category) -> the appended 0
+        par = np.array([float(level[self.default]), 1.0 if self._ranged else 0.0, float(len(self._levels))])
+        return (par, offsets, rint, rdur, req_set, arrival)
 
     def priority_of(self, position: int, ctx: AccessContext) -> tuple[int, float | None] | None:
         """``(priority, duration_s)`` a request with ``ctx`` gives the block at ``position``, or None."""
@@ -182,3 +235,125 @@ class TRTLLMPriority(EvictionPolicy):
 
     def __len__(self) -> int:
         return self._n
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, F, FI, M, T, params). Priorities are held as level indices (into the sorted levels). B rows
+# over blocks and one sentinel column per level (column capacity + level): the per-level queues, doubly
+# linked lists [NXT, PRV] in entry order (front = next victim of that level); an indexed heap of the
+# pending expiries [EH, EP] keyed by (EKEY, ESTAMP) = (float_key of the expiry, unpin stamp); PRIO
+# (current level) and HASDUR (current duration is not None). F (float64) rows: DUR (current duration)
+# and EXP (expiry), read as IEEE bits through FI, an int64 view of F. M = [expiry heap size, stamp clock,
+# levels, default level, capacity, ranged]; T = [now].
+NXT, PRV, EH, EP, EKEY, ESTAMP, PRIO, HASDUR = range(8)
+DUR, EXP = range(2)
+NE, CLOCK, NLEV, DEF, CAP, RANGED = range(6)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    par = params[0]
+    nlev = np.int64(par[2])
+    B = np.zeros((8, capacity + nlev), np.int64)
+    B[EP] = -1
+    for li in range(nlev):
+        B[NXT, capacity + li] = capacity + li
+        B[PRV, capacity + li] = capacity + li
+    F = np.zeros((2, capacity), np.float64)
+    M = np.zeros(6, np.int64)
+    M[NLEV] = nlev
+    M[DEF] = np.int64(par[0])
+    M[CAP] = capacity
+    M[RANGED] = np.int64(par[1])
+    return (B, F, F.view(np.int64), M, np.full(1, -np.inf), params)
+
+
+@nb.njit(cache=True)
+def _assign(state, b, seq, pos, insert):
+    """``on_insert`` (``insert``) / ``on_hit``: now, then the priority and duration of the covering range."""
+    B, F, M, T, params = state[0], state[1], state[3], state[4], state[5]
+    t = params[5][seq]
+    if t > T[0]:
+        T[0] = t
+    if M[RANGED] != 0:
+        offsets, rint, rdur, req_set = params[1], params[2], params[3], params[4]
+        s = req_set[seq]
+        for j in range(offsets[s], offsets[s + 1]):
+            if rint[0, j] <= pos and (rint[1, j] < 0 or pos < rint[1, j]):
+                B[PRIO, b] = rint[2, j]
+                B[HASDUR, b] = rint[3, j]
+                F[DUR, b] = rdur[j]
+                return
+    if insert:
+        B[PRIO, b] = M[DEF]
+    B[HASDUR, b] = 0
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    _assign(state, b, seq, pos, True)
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    _assign(state, b, seq, pos, False)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M, T = state[0], state[3], state[4]
+    t = state[5][5][seq]
+    if t > T[0]:
+        T[0] = t
+    level = B[PRIO, b]
+    dl_append(B, NXT, PRV, M[CAP] + level, b)
+    if B[HASDUR, b] != 0 and level != M[DEF]:
+        F, FI = state[1], state[2]
+        F[EXP, b] = t + F[DUR, b]
+        B[EKEY, b] = float_key(FI[EXP, b])
+        B[ESTAMP, b] = M[CLOCK]
+        M[CLOCK] += 1
+        heap_push(B, M, EH, EP, EKEY, ESTAMP, NE, b)
+
+
+@nb.njit(cache=True)
+def _drop(state, b):
+    B = state[0]
+    dl_unlink(B, NXT, PRV, b)
+    if B[EP, b] >= 0:
+        heap_remove(B, state[3], EH, EP, EKEY, ESTAMP, NE, b)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    _drop(state, b)
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    _drop(state, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, M = state[0], state[3]
+    cap = M[CAP]
+    if M[NE] > 0:
+        # refresh: expired blocks (expiry <= now), in expiry order, to the back of the default level
+        F, now, default = state[1], state[4][0], M[DEF]
+        while M[NE] > 0:
+            b = B[EH, 0]
+            if not F[EXP, b] <= now:
+                break
+            heap_remove(B, M, EH, EP, EKEY, ESTAMP, NE, b)
+            dl_unlink(B, NXT, PRV, b)
+            dl_append(B, NXT, PRV, cap + default, b)
+            B[PRIO, b] = default
+    for li in range(M[NLEV]):
+        b = B[NXT, cap + li]
+        if b != cap + li:
+            return b
+    return -1
+
+
+TRTLLMPriority.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
