@@ -16,7 +16,9 @@ a hit on a block not yet placed places it one segment up; segment counts include
 demotion skips pinned ones (a segment may then briefly exceed its size); no state survives eviction.
 libCacheSim fills higher segments first while the cache warms up (new objects go to the lowest
 segment with space); this class always inserts into segment 0, so no hit-for-hit equality with it is
-claimed. O(1) per event (amortised over demotions).
+claimed. O(1) per event (amortised over demotions), in Python and in the compiled twin (numba, used
+by the replay driver's compiled engine; tested hit for hit against this class): a linked list per
+segment over block ids, segment and counts in int64 arrays.
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
+from kvlab.policies._queues import dl_append, dl_unlink
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -53,6 +60,9 @@ class SLRU(EvictionPolicy):
         """Size the protected segments for the cache's capacity ``C`` (in blocks)."""
         self.capacity = cache.num_blocks  # type: ignore[attr-defined]
         self.caps = [int(self.capacity * f) for f in self.fractions]
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array(self.fractions, dtype=np.float64)
 
     def _promote(self, bid: int, block: KVBlock, i: int) -> int:
         """Move a placed block from segment ``i`` one up, demoting overflow downwards; returns its segment."""
@@ -115,3 +125,122 @@ class SLRU(EvictionPolicy):
 
     def __len__(self) -> int:
         return sum(len(lst) for lst in self._lists)
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, M). B (per block; sentinel columns C + i = segment i's list): NXT / PRV, a linked list per
+# segment of its evictable blocks (least recent first), SEG (-1 not placed), LINKED (in its list),
+# PEND (hit before placement). M: counts ``n[i]`` in slots 0..S-1, sizes ``caps[i]`` in slots S..2S-1.
+NXT, PRV, SEG, LINKED, PEND = range(5)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    S = len(params)
+    B = np.zeros((5, capacity + S), np.int64)
+    B[NXT] = np.arange(capacity + S)
+    B[PRV] = np.arange(capacity + S)
+    B[SEG] = -1
+    M = np.zeros(2 * S, np.int64)
+    for i in range(S):
+        M[S + i] = np.int64(capacity * params[i])
+    return (B, M)
+
+
+@nb.njit(cache=True)
+def _promote(B, M, b, i):
+    """The Python ``_promote``: placed block ``b`` from segment ``i`` one up, demoting overflow down."""
+    S = M.shape[0] // 2
+    base = B.shape[1] - S
+    evictable = B[LINKED, b] != 0
+    if evictable:
+        dl_unlink(B, NXT, PRV, b)
+        B[LINKED, b] = 0
+    j = i + 1
+    B[SEG, b] = j
+    M[i] -= 1
+    M[j] += 1
+    while j >= 1 and M[j] > M[S + j] and B[NXT, base + j] != base + j:
+        low = B[NXT, base + j]
+        dl_unlink(B, NXT, PRV, low)
+        B[SEG, low] = j - 1
+        M[j] -= 1
+        M[j - 1] += 1
+        dl_append(B, NXT, PRV, base + j - 1, low)
+        j -= 1
+    if evictable:
+        dl_append(B, NXT, PRV, base + i + 1, b)
+        B[LINKED, b] = 1
+    return i + 1
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    pass
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    B, M = state
+    S = M.shape[0] // 2
+    i = B[SEG, b]
+    if i < 0:
+        B[PEND, b] = 1
+    elif i < S - 1:
+        _promote(B, M, b, i)
+    elif B[LINKED, b]:
+        s = B.shape[1] - S + i
+        dl_unlink(B, NXT, PRV, b)
+        dl_append(B, NXT, PRV, s, b)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B = state[0]
+    dl_unlink(B, NXT, PRV, b)
+    B[LINKED, b] = 0
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M = state
+    S = M.shape[0] // 2
+    i = B[SEG, b]
+    if i < 0:
+        i = 0
+        B[SEG, b] = 0
+        M[0] += 1
+        if B[PEND, b]:
+            B[PEND, b] = 0
+            if S > 1:
+                i = _promote(B, M, b, 0)
+    dl_append(B, NXT, PRV, B.shape[1] - S + i, b)
+    B[LINKED, b] = 1
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, M = state
+    S = M.shape[0] // 2
+    base = B.shape[1] - S
+    for i in range(S):
+        b = B[NXT, base + i]
+        if b != base + i:
+            return b
+    return -1
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, M = state
+    B[PEND, b] = 0
+    i = B[SEG, b]
+    if i >= 0:
+        if B[LINKED, b]:
+            dl_unlink(B, NXT, PRV, b)
+            B[LINKED, b] = 0
+        B[SEG, b] = -1
+        M[i] -= 1
+
+
+SLRU.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

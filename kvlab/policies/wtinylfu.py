@@ -29,6 +29,13 @@ Documented choices:
 Parameters: ``window_ratio`` (0.01), ``protected_ratio`` (0.8 of the main area), ``sample_factor``
 (10), ``max_count`` (15). Sizes in blocks: window ``max(1, int(C * window_ratio))``. O(1) per event
 (amortised: a reset touches every counter once per ``sample_factor × C`` accesses).
+
+Compiled twin (numba, used by the replay driver's compiled engine; tested hit for hit against this
+class): a linked list per segment over block ids, counters in an int64 array over dense key ids (0 =
+absent from ``freq``), a reset halving all ``num_keys`` counters (O(num_keys) per ``sample_factor × C``
+accesses). Note: placed blocks never exceed ``C = window + main``, so in a prefix cache the window is
+over its size only while the main area has room and the frequency comparison in ``victim()`` is not
+reached; the tests check the counters directly.
 """
 
 from __future__ import annotations
@@ -36,9 +43,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
+from kvlab.policies._queues import dl_append, dl_unlink
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
@@ -75,6 +87,10 @@ class WTinyLFU(EvictionPolicy):
         self.main_size = max(c - self.window_size, 0)
         self.protected_size = int(self.main_size * self.protected_ratio)
         self._sample = max(1, int(self.sample_factor * c))
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array([self.window_ratio, self.protected_ratio, self.sample_factor, self.max_count],
+                        dtype=np.float64)
 
     # ------------------------------------------------------------------ frequency
     def _record(self, key: Hashable) -> None:
@@ -165,3 +181,150 @@ class WTinyLFU(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._lists[0]) + len(self._lists[1]) + len(self._lists[2])
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, F, M). B (per block; sentinel columns C + s = segment s's list): NXT / PRV, a linked list
+# per segment (window, probation, protected) of its evictable blocks in LRU order, SEG (-1 not placed),
+# LINKED (in its list), BKEY. F: the frequency of each dense key id (0 = absent from the Python dict).
+# M: counts per segment (slots 0..2), sizes and counters (slots below).
+NXT, PRV, SEG, LINKED, BKEY = range(5)
+W_SIZE, MAIN_SIZE, PROT_SIZE, SAMPLE, ACCESSES, MAX_COUNT = range(3, 9)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    B = np.zeros((5, capacity + 3), np.int64)
+    B[NXT] = np.arange(capacity + 3)
+    B[PRV] = np.arange(capacity + 3)
+    B[SEG] = -1
+    F = np.zeros(num_keys, np.int64)
+    M = np.zeros(9, np.int64)
+    window = max(1, np.int64(capacity * params[0]))
+    main = max(capacity - window, 0)
+    M[W_SIZE] = window
+    M[MAIN_SIZE] = main
+    M[PROT_SIZE] = np.int64(main * params[1])
+    M[SAMPLE] = max(1, np.int64(params[2] * capacity))
+    M[MAX_COUNT] = np.int64(params[3])
+    return (B, F, M)
+
+
+@nb.njit(cache=True)
+def _record(F, M, key):
+    if F[key] < M[MAX_COUNT]:
+        F[key] += 1
+    M[ACCESSES] += 1
+    if M[ACCESSES] >= M[SAMPLE]:
+        for k in range(F.shape[0]):
+            F[k] >>= 1
+        M[ACCESSES] //= 2
+
+
+@nb.njit(cache=True)
+def _to_probation(B, M, b):
+    dl_unlink(B, NXT, PRV, b)
+    B[SEG, b] = PROBATION
+    M[WINDOW] -= 1
+    M[PROBATION] += 1
+    dl_append(B, NXT, PRV, B.shape[1] - 3 + PROBATION, b)
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    B, F, M = state
+    B[BKEY, b] = key
+    _record(F, M, key)
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    B, F, M = state
+    _record(F, M, key)
+    seg = B[SEG, b]
+    if seg < 0:
+        return
+    base = B.shape[1] - 3
+    if seg == PROBATION:
+        B[SEG, b] = PROTECTED
+        M[PROBATION] -= 1
+        M[PROTECTED] += 1
+        if B[LINKED, b]:
+            dl_unlink(B, NXT, PRV, b)
+            dl_append(B, NXT, PRV, base + PROTECTED, b)
+        sp = base + PROTECTED
+        if M[PROTECTED] > M[PROT_SIZE] and B[NXT, sp] != sp:
+            d = B[NXT, sp]
+            dl_unlink(B, NXT, PRV, d)
+            B[SEG, d] = PROBATION
+            M[PROTECTED] -= 1
+            M[PROBATION] += 1
+            dl_append(B, NXT, PRV, base + PROBATION, d)
+    elif B[LINKED, b]:
+        dl_unlink(B, NXT, PRV, b)
+        dl_append(B, NXT, PRV, base + seg, b)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    B = state[0]
+    dl_unlink(B, NXT, PRV, b)
+    B[LINKED, b] = 0
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, F, M = state
+    base = B.shape[1] - 3
+    seg = B[SEG, b]
+    if seg < 0:
+        seg = WINDOW
+        B[SEG, b] = WINDOW
+        M[WINDOW] += 1
+    dl_append(B, NXT, PRV, base + seg, b)
+    B[LINKED, b] = 1
+    if seg == WINDOW:  # window overflow moves to probation while the main area has room
+        sw = base + WINDOW
+        while M[WINDOW] > M[W_SIZE] and M[PROBATION] + M[PROTECTED] < M[MAIN_SIZE] and B[NXT, sw] != sw:
+            _to_probation(B, M, B[NXT, sw])
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, F, M = state
+    base = B.shape[1] - 3
+    sw, sp, sq = base + WINDOW, base + PROBATION, base + PROTECTED
+    while M[WINDOW] > M[W_SIZE] and B[NXT, sw] != sw:
+        cand = B[NXT, sw]
+        if M[PROBATION] + M[PROTECTED] < M[MAIN_SIZE]:
+            _to_probation(B, M, cand)  # room in the main area: no comparison
+            continue
+        if B[NXT, sp] != sp:
+            mv = B[NXT, sp]
+        elif B[NXT, sq] != sq:
+            mv = B[NXT, sq]
+        else:
+            return cand
+        if F[B[BKEY, cand]] > F[B[BKEY, mv]]:
+            _to_probation(B, M, cand)
+            return mv
+        return cand
+    for s in (sp, sq, sw):
+        if B[NXT, s] != s:
+            return B[NXT, s]
+    return -1
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, F, M = state
+    seg = B[SEG, b]
+    if seg >= 0:
+        if B[LINKED, b]:
+            dl_unlink(B, NXT, PRV, b)
+            B[LINKED, b] = 0
+        B[SEG, b] = -1
+        M[seg] -= 1
+
+
+WTinyLFU.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
