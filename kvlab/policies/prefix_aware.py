@@ -18,15 +18,36 @@ cost is O(1) inner events per block and period on top of the inner policy's own.
 block is parked (each has a pinned child, e.g. duplicates of a running prefix), the block parked first
 is evicted. Hooks other than pin/unpin/evict are forwarded unchanged (a parked block's hits reach the
 inner policy as hits on a pinned block); hidden blocks are unpinned with the latest context seen.
+
+Cost: the inner policy's per event, plus O(1) inner events per block and non-leaf period (parking and
+release); the fallback takes the block parked first.
+
+Compiled twins (numba, run by the replay driver's compiled engine; tested hit for hit, every replay
+column, against these classes): ``prefix-aware-lru`` and ``prefix-aware-lfu`` only (the generic
+``prefix-aware`` with another inner policy runs in Python). The twin makes exactly the wrapper's calls,
+in the same order, on the inner policy's own compiled twin (``lru``, ``lfu``), which is hit for hit its
+Python class: it counts cached children per key (the parent of position ``p`` being the request's key at
+``p - 1``), keeps the parked blocks in linked lists per key and in parking order, marks the parent key
+on eviction and releases its group, in parking order, at the next victim() if the key has no cached
+child then (an eviction follows each victim(), so at most one key is marked), and falls back to the
+block parked first. O(1) per event on top of the inner twin's (lru O(1), lfu O(log n)).
+``compiled_params()`` needs ``prepare(encoded)`` first: ``(offsets, key_ids)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import NO_CONTEXT, AccessContext
+from kvlab.errors import ConfigError
 from kvlab.policies.base import EvictionPolicy, make_policy, register_policy
+from kvlab.policies.lfu import LFU
+from kvlab.policies.lru import LRU
 
 
 @register_policy("prefix-aware")
@@ -42,6 +63,7 @@ class PrefixAware(EvictionPolicy):
         self._dirty: list[Hashable] = []
         self._ctx: AccessContext = NO_CONTEXT
         self._children = None
+        self._encoded: object | None = None
         i = self.inner
         self._i_insert, self._i_hit, self._i_pin, self._i_unpin = i.on_insert, i.on_hit, i.on_pin, i.on_unpin
         self._i_evict, self._i_victim = i.on_evict, i.victim
@@ -51,7 +73,19 @@ class PrefixAware(EvictionPolicy):
         self.inner.attach(cache)
 
     def prepare(self, encoded: object) -> None:
+        self._encoded = encoded  # for the compiled twins: a block's parent key
         self.inner.prepare(encoded)
+
+    def compiled_params(self) -> tuple:
+        """``(offsets, key_ids)`` of the prepared workload (the registered twins' inner policies take no
+        parameters)."""
+        enc = self._encoded
+        if enc is None:
+            raise ConfigError(f"{self.name}: compiled_params() needs the workload: call prepare(encoded) first")
+        return (
+            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
+            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
+        )
 
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
         self._ctx = ctx
@@ -162,3 +196,168 @@ class PrefixAwareLFU(PrefixAware):
 
     def __init__(self, **inner_params: object) -> None:
         super().__init__("lfu", inner_params)
+
+
+# ---------------------------------------------------------------------- compiled twins
+# The wrapper's events, replayed on the inner policy's own compiled twin (lru, lfu): the inner twin
+# sees exactly the hook calls the Python wrapper makes on the inner class, in the same order, so its
+# order is the Python inner policy's.
+# state: (inner state, B, K, M, offsets, key_ids).
+# B (per block, int64, the transpose of a row-per-block array): BKEY, BPAR (the block's key and parent
+# key, -1 = none); PARKED (1 while parked); GNXT, GPRV (the parked group of BKEY in parking order, a
+# linked list); ONXT, OPRV (every parked block in parking order, a linked list: the wrapper's ``_order``).
+# K (per dense key): CHILD (cached blocks whose parent is this key), GHEAD, GTAIL (its parked group).
+# M = [blocks evictable in the inner policy (``len(inner)``), the dirty key (-1 none: one eviction
+# follows each victim(), so the wrapper's ``_dirty`` never holds more than one key at a victim()),
+# first and last parked block, seq of the latest event (the wrapper's ``_ctx``)].
+_BKEY, _BPAR, _PARKED, _GNXT, _GPRV, _ONXT, _OPRV = range(7)
+_CHILD, _GHEAD, _GTAIL = range(3)
+_NIN, _DIRTY, _OHEAD, _OTAIL, _CTX = range(5)
+
+
+def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
+    """The wrapper's hooks around ``inner``'s compiled hooks (which must ignore their ``params``)."""
+    i_init, i_insert, i_hit, i_pin = inner.init, inner.on_insert, inner.on_hit, inner.on_pin
+    i_unpin, i_victim, i_evict = inner.on_unpin, inner.victim, inner.on_evict
+
+    @nb.njit(cache=True)
+    def init(capacity, num_keys, params):
+        offsets, key_ids = params
+        Bt = np.full((capacity, 7), -1, np.int64)
+        B = Bt.T
+        B[_PARKED] = 0
+        K = np.full((num_keys, 3), -1, np.int64).T
+        K[_CHILD] = 0
+        M = np.full(5, -1, np.int64)
+        M[_NIN] = 0
+        M[_CTX] = 0
+        return (i_init(capacity, num_keys, np.zeros(0, np.float64)), B, K, M, offsets, key_ids)
+
+    @nb.njit(cache=True)
+    def on_insert(state, b, key, seq, pos):
+        B, K, M = state[1], state[2], state[3]
+        M[_CTX] = seq
+        i_insert(state[0], b, key, seq, pos)
+        B[_BKEY, b] = key
+        if pos > 0:
+            parent = state[5][state[4][seq] + pos - 1]
+            B[_BPAR, b] = parent
+            K[_CHILD, parent] += 1
+        else:
+            B[_BPAR, b] = -1
+
+    @nb.njit(cache=True)
+    def on_hit(state, b, key, seq, pos):
+        state[3][_CTX] = seq
+        i_hit(state[0], b, key, seq, pos)
+
+    @nb.njit(cache=True)
+    def unpark(B, K, M, b):
+        """The wrapper's ``_unpark``: out of its key's group and of the parking order."""
+        B[_PARKED, b] = 0
+        prv, nxt = B[_GPRV, b], B[_GNXT, b]
+        k = B[_BKEY, b]
+        if prv >= 0:
+            B[_GNXT, prv] = nxt
+        else:
+            K[_GHEAD, k] = nxt
+        if nxt >= 0:
+            B[_GPRV, nxt] = prv
+        else:
+            K[_GTAIL, k] = prv
+        prv, nxt = B[_OPRV, b], B[_ONXT, b]
+        if prv >= 0:
+            B[_ONXT, prv] = nxt
+        else:
+            M[_OHEAD] = nxt
+        if nxt >= 0:
+            B[_OPRV, nxt] = prv
+        else:
+            M[_OTAIL] = prv
+
+    @nb.njit(cache=True)
+    def on_pin(state, b, seq):
+        B, K, M = state[1], state[2], state[3]
+        M[_CTX] = seq
+        if B[_PARKED, b]:
+            unpark(B, K, M, b)  # the inner policy already counts it as pinned
+        else:
+            i_pin(state[0], b, seq)
+            M[_NIN] -= 1
+
+    @nb.njit(cache=True)
+    def on_unpin(state, b, seq):
+        M = state[3]
+        M[_CTX] = seq
+        i_unpin(state[0], b, seq)
+        M[_NIN] += 1
+
+    @nb.njit(cache=True)
+    def victim(state):
+        inner_state, B, K, M = state[0], state[1], state[2], state[3]
+        ctx = M[_CTX]
+        k = M[_DIRTY]
+        if k >= 0:  # _release_parked: the group, in parking order, back to the inner policy
+            M[_DIRTY] = -1
+            if K[_CHILD, k] == 0:
+                x = K[_GHEAD, k]
+                while x >= 0:
+                    nxt = B[_GNXT, x]
+                    unpark(B, K, M, x)
+                    i_unpin(inner_state, x, ctx)
+                    M[_NIN] += 1
+                    x = nxt
+        while M[_NIN] > 0:
+            b = i_victim(inner_state)
+            k = B[_BKEY, b]
+            if K[_CHILD, k] == 0:
+                return b
+            # _park: hidden from the inner policy, appended to its key's group and to the parking order
+            i_pin(inner_state, b, ctx)
+            M[_NIN] -= 1
+            B[_PARKED, b] = 1
+            t = K[_GTAIL, k]
+            B[_GPRV, b] = t
+            B[_GNXT, b] = -1
+            if t >= 0:
+                B[_GNXT, t] = b
+            else:
+                K[_GHEAD, k] = b
+            K[_GTAIL, k] = b
+            t = M[_OTAIL]
+            B[_OPRV, b] = t
+            B[_ONXT, b] = -1
+            if t >= 0:
+                B[_ONXT, t] = b
+            else:
+                M[_OHEAD] = b
+            M[_OTAIL] = b
+        b = M[_OHEAD]  # only parked blocks are evictable: the one parked first
+        unpark(B, K, M, b)
+        i_unpin(inner_state, b, ctx)
+        M[_NIN] += 1
+        return b
+
+    @nb.njit(cache=True)
+    def on_evict(state, b):
+        B, K, M = state[1], state[2], state[3]
+        if B[_PARKED, b]:
+            unpark(B, K, M, b)
+            i_unpin(state[0], b, M[_CTX])
+            M[_NIN] += 1
+        i_evict(state[0], b)
+        M[_NIN] -= 1
+        parent = B[_BPAR, b]
+        B[_BKEY, b] = -1
+        B[_BPAR, b] = -1
+        if parent >= 0:
+            left = K[_CHILD, parent] - 1
+            K[_CHILD, parent] = left
+            if left == 0 and K[_GHEAD, parent] >= 0:
+                M[_DIRTY] = parent
+
+    return CompiledPolicy(init, on_insert, on_hit, on_pin, on_unpin, victim, on_evict)
+
+
+PrefixAwareLRU.compiled = _compiled_twin(LRU.compiled)
+PrefixAwareLFU.compiled = _compiled_twin(LFU.compiled)

@@ -19,15 +19,34 @@ Choices:
 * If no evictable block is a leaf (only when every evictable block has a pinned child, e.g. duplicates),
   the least recently accessed evictable block is evicted.
 * State does not survive eviction.
+
+Cost: O(log n) per event, amortised (Python: the lazy heap of ``kvlab.policies._heap``, mostly its O(1)
+run since last accesses grow with time; a non-leaf parked at most once per non-leaf period; the
+fallback scans the parked blocks).
+
+Compiled twin (numba, run by the replay driver's compiled engine; tested hit for hit, every replay
+column, against this class): the layout of pgdsf's twin with an integer priority. The victim this class
+picks is the smallest entry ``(last access when unpinned, unpin stamp)`` among the evictable leaves, or
+among all evictable blocks when none is a leaf; the twin keeps an indexed heap of the queued blocks and
+one of the parked blocks (the fallback is its top), per-key groups of parked blocks released as soon as
+the key's count of cached children (tracked by the twin, the parent of position ``p`` being the
+request's key at ``p - 1``) drops to 0, and the request clock ticking on a new ``seq``. O(log n) per
+event. ``compiled_params()`` needs ``prepare(encoded)`` first: ``(offsets, key_ids)``.
 """
 
 from __future__ import annotations
 
 from heapq import heappush
 
+import numba as nb
+import numpy as np
+
 from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
+from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
+from kvlab.policies._queues import heap_push, heap_remove
 from kvlab.policies.base import register_policy
 
 _POS_LIMIT = (1 << 31) - 1
@@ -45,6 +64,7 @@ class SGLangLeaf(LeafHeapPolicy):
         self._seq: int | None = None
         self._rid: int | None = None
         self._last: list[int] = []
+        self._encoded: object | None = None
 
     def attach(self, cache: object) -> None:
         super().attach(cache)
@@ -71,3 +91,152 @@ class SGLangLeaf(LeafHeapPolicy):
         else:
             heappush(self._heap, e)
         self._n += 1
+
+    def prepare(self, encoded: object) -> None:
+        """Keep the replay's encoded workload: the compiled twin reads its key ids (a block's parent key)."""
+        self._encoded = encoded
+
+    def compiled_params(self) -> tuple:
+        """``(offsets, key_ids)`` of the prepared workload."""
+        enc = self._encoded
+        if enc is None:
+            raise ConfigError("sglang-leaf: compiled_params() needs the workload: call prepare(encoded) first")
+        return (
+            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
+            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
+        )
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (B, K, M, offsets, key_ids) -- the layout of pgdsf's twin with an integer priority.
+# B (per block, int64, the transpose of a row-per-block array): the queued evictable blocks in an indexed
+# heap (H, P) and the parked ones in another (H2, P2), both keyed by (KEY, STAMP) = (last access when
+# unpinned, unpin stamp); BKEY, BPAR (the block's key and parent key, -1 = none); GNXT, GPRV (the parked
+# group of BKEY, a linked list); LAST (the last access, as in the class: request clock << 31 | -position).
+# K (per dense key): CHILD (cached blocks whose parent is this key), GHEAD (first parked block, -1 none).
+# M = [queued heap size, parked heap size, stamp clock, request clock, seq of the request clock].
+H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV, LAST = range(11)
+CHILD, GHEAD = range(2)
+N, N2, SCLOCK, RCLOCK, RSEQ = range(5)
+
+
+@nb.njit(cache=True)
+def _init(capacity, num_keys, params):
+    offsets, key_ids = params
+    Bt = np.zeros((capacity, 11), np.int64)
+    B = Bt.T
+    for row in (P, P2, BKEY, BPAR, GNXT, GPRV):
+        B[row] = -1
+    Kt = np.zeros((num_keys, 2), np.int64)
+    K = Kt.T
+    K[GHEAD] = -1
+    M = np.zeros(5, np.int64)
+    M[RSEQ] = -1
+    return (B, K, M, offsets, key_ids)
+
+
+@nb.njit(cache=True, inline="always")
+def _touch(state, b, seq, pos):
+    M = state[2]
+    if seq != M[RSEQ]:  # a new request: the logical clock ticks
+        M[RSEQ] = seq
+        M[RCLOCK] += 1
+    state[0][LAST, b] = (M[RCLOCK] << 31) | (_POS_LIMIT - pos)
+
+
+@nb.njit(cache=True)
+def _on_insert(state, b, key, seq, pos):
+    _touch(state, b, seq, pos)
+    B, K = state[0], state[1]
+    B[BKEY, b] = key
+    if pos > 0:
+        parent = state[4][state[3][seq] + pos - 1]
+        B[BPAR, b] = parent
+        K[CHILD, parent] += 1
+    else:
+        B[BPAR, b] = -1
+
+
+@nb.njit(cache=True)
+def _on_hit(state, b, key, seq, pos):
+    # an evictable block's heap entry stays (as in Python): on_pin follows and takes it out
+    _touch(state, b, seq, pos)
+
+
+@nb.njit(cache=True)
+def _unpark(B, K, M, b):
+    """Take parked ``b`` out of the parked heap and its key's group."""
+    heap_remove(B, M, H2, P2, KEY, STAMP, N2, b)
+    prv, nxt = B[GPRV, b], B[GNXT, b]
+    if prv >= 0:
+        B[GNXT, prv] = nxt
+    else:
+        K[GHEAD, B[BKEY, b]] = nxt
+    if nxt >= 0:
+        B[GPRV, nxt] = prv
+
+
+@nb.njit(cache=True)
+def _drop(B, K, M, b):
+    """Forget evictable ``b``'s entry, queued or parked."""
+    if B[P, b] >= 0:
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+    elif B[P2, b] >= 0:
+        _unpark(B, K, M, b)
+
+
+@nb.njit(cache=True)
+def _on_pin(state, b, seq):
+    _drop(state[0], state[1], state[2], b)
+
+
+@nb.njit(cache=True)
+def _on_unpin(state, b, seq):
+    B, M = state[0], state[2]
+    B[KEY, b] = B[LAST, b]
+    B[STAMP, b] = M[SCLOCK]
+    M[SCLOCK] += 1
+    heap_push(B, M, H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _victim(state):
+    B, K, M = state[0], state[1], state[2]
+    while M[N] > 0:
+        b = B[H, 0]
+        k = B[BKEY, b]
+        if K[CHILD, k] == 0:
+            return b
+        # a non-leaf at the top: park it (with its entry) in its key's group
+        heap_remove(B, M, H, P, KEY, STAMP, N, b)
+        heap_push(B, M, H2, P2, KEY, STAMP, N2, b)
+        head = K[GHEAD, k]
+        B[GPRV, b] = -1
+        B[GNXT, b] = head
+        if head >= 0:
+            B[GPRV, head] = b
+        K[GHEAD, k] = b
+    return B[H2, 0]  # only parked blocks are evictable: the smallest entry
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, K, M = state[0], state[1], state[2]
+    _drop(B, K, M, b)
+    parent = B[BPAR, b]
+    B[BKEY, b] = -1
+    B[BPAR, b] = -1
+    if parent >= 0:
+        left = K[CHILD, parent] - 1
+        K[CHILD, parent] = left
+        if left == 0:  # the parent key is a leaf again: its parked blocks rejoin the queue, same entries
+            x = K[GHEAD, parent]
+            K[GHEAD, parent] = -1
+            while x >= 0:
+                nxt = B[GNXT, x]
+                heap_remove(B, M, H2, P2, KEY, STAMP, N2, x)
+                heap_push(B, M, H, P, KEY, STAMP, N, x)
+                x = nxt
+
+
+SGLangLeaf.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
