@@ -102,12 +102,21 @@ def test_victims_are_evictable_and_len_counts_them(policy):
         assert len(pol) == 0
 
 
-@pytest.mark.parametrize("policy", [p for p in CLASSIC if p != "mru"])
+@pytest.mark.parametrize("policy", [p for p in CLASSIC if p not in ("mru", "wtinylfu")])
 def test_request_blocks_are_evicted_tail_first(policy):
     # block size 1, capacity 3: [1 2 3] fills the cache, [7] evicts one block; keeping the head keeps 2 hits
     w = from_lists([[1, 2, 3], [7], [1, 2, 3]])
     hits = replay(w, capacity_blocks=3, block_size=1, mode="ideal", policy=policy).requests["hit_blocks"].tolist()
     assert hits == [0, 0, 2]
+
+
+def test_wtinylfu_rejects_the_window_candidate_on_a_tie():
+    # C = 3: window 1 block, main 2. [1 2 3] is released tail first, so 3 and 2 move to probation and
+    # the head 1 stays in the window; [7] finds the window full: candidate 1 against probation's LRU 3,
+    # equal frequencies, so the candidate (the head) is evicted (TinyLFU admits only a higher frequency)
+    w = from_lists([[1, 2, 3], [7], [1, 2, 3]])
+    hits = replay(w, capacity_blocks=3, block_size=1, mode="ideal", policy="wtinylfu").requests["hit_blocks"]
+    assert hits.tolist() == [0, 0, 0]
 
 
 def test_mru_evicts_the_head_released_last():
@@ -299,7 +308,7 @@ def test_wtinylfu_hit_ratio_close_to_libcachesim(zipf_trace):
     for capacity in (100, 500):
         ours = zipf_trace.hits("wtinylfu", capacity).mean()
         ref = lcs_hits(lcs.WTinyLFU(capacity, hashpower=18), zipf_trace.keys).mean()
-        assert abs(ours - ref) < 0.02, (capacity, ours, ref)
+        assert abs(ours - ref) < 0.01, (capacity, ours, ref)
         assert ours > zipf_trace.hits("lru", capacity).mean() + 0.02
 
 

@@ -3,10 +3,12 @@
 Source: Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS 2017
 (W-TinyLFU, as in Caffeine and libCacheSim's ``WTinyLFU``). A new block enters the window (LRU, 1 % of
 the capacity); the main area is an SLRU: probation, and protected (80 % of the main area) for blocks hit
-while in probation. When the window is over its size its LRU block is the *candidate*: with room in
-the main area it moves to probation; otherwise it is compared with the main area's victim (probation's
-LRU block, else protected's) by access frequency, and the one with the lower frequency is evicted
-(the candidate on a tie); an admitted candidate moves to probation.
+while in probation. An eviction makes room for a block that will enter the window, so when the
+window is full (at or over its size) its LRU block is the *candidate*: with room in the main area it
+moves to probation; otherwise it is compared with the main area's victim (probation's LRU block, else
+protected's) by access frequency, and the one with the lower frequency is evicted (the candidate on a
+tie); an admitted candidate moves to probation. (Caffeine adds the new entry first and then evicts; in
+a prefix cache the victim is chosen before the new block is placed, hence "full", not "over".)
 
 Documented choices:
 
@@ -33,9 +35,7 @@ Parameters: ``window_ratio`` (0.01), ``protected_ratio`` (0.8 of the main area),
 Compiled twin (numba, used by the replay driver's compiled engine; tested hit for hit against this
 class): a linked list per segment over block ids, counters in an int64 array over dense key ids (0 =
 absent from ``freq``), a reset halving all ``num_keys`` counters (O(num_keys) per ``sample_factor × C``
-accesses). Note: placed blocks never exceed ``C = window + main``, so in a prefix cache the window is
-over its size only while the main area has room and the frequency comparison in ``victim()`` is not
-reached; the tests check the counters directly.
+accesses).
 """
 
 from __future__ import annotations
@@ -153,9 +153,10 @@ class WTinyLFU(EvictionPolicy):
         self._lists[PROBATION][bid] = block
 
     def victim(self) -> KVBlock:
-        """Window overflow first (admit or reject its LRU block), else the main area's LRU block."""
+        """A full window's LRU block against the main area's victim (admit or reject), else the main
+        area's LRU block."""
         lists, n, freq = self._lists, self._n, self.freq
-        while n[WINDOW] > self.window_size and lists[WINDOW]:
+        while n[WINDOW] >= self.window_size and lists[WINDOW]:
             cand = next(iter(lists[WINDOW].values()))
             if n[PROBATION] + n[PROTECTED] < self.main_size:
                 self._to_probation(cand)  # room in the main area: no comparison
@@ -294,7 +295,7 @@ def _victim(state):
     B, F, M = state
     base = B.shape[1] - 3
     sw, sp, sq = base + WINDOW, base + PROBATION, base + PROTECTED
-    while M[WINDOW] > M[W_SIZE] and B[NXT, sw] != sw:
+    while M[WINDOW] >= M[W_SIZE] and B[NXT, sw] != sw:
         cand = B[NXT, sw]
         if M[PROBATION] + M[PROTECTED] < M[MAIN_SIZE]:
             _to_probation(B, M, cand)  # room in the main area: no comparison
