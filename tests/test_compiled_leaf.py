@@ -85,11 +85,21 @@ def leaf_events(monkeypatch):
     return counts
 
 
-def test_twins_are_registered_on_the_concrete_names_only():
+def test_twins_cover_the_wrapper_around_lru_and_lfu_only():
     for name in POLICIES:
         assert make_policy(name).compiled is not None
-    assert make_policy("prefix-aware", inner="lru").compiled is None
+    # the generic wrapper uses the twin of its inner policy where there is one, else runs in Python
+    assert make_policy("prefix-aware").compiled is make_policy("prefix-aware-lru").compiled
+    assert make_policy("prefix-aware", inner="lfu").compiled is make_policy("prefix-aware-lfu").compiled
     assert make_policy("prefix-aware", inner="fifo").compiled is None
+
+
+def test_generic_wrapper_twin_equals_python():
+    w = random_token_workload(5)
+    for inner in ("lru", "lfu"):
+        frame = assert_twin_equal(w, ReplayConfig(capacity_blocks=13, block_size=2, policy="prefix-aware",
+                                                  policy_params={"inner": inner}))
+        assert frame["evictions"].sum() > 50
 
 
 @pytest.mark.parametrize("policy", POLICIES)

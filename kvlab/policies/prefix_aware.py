@@ -65,6 +65,10 @@ class PrefixAware(EvictionPolicy):
         self._children = None
         self._encoded: object | None = None
         i = self.inner
+        if type(self) is PrefixAware and not inner_params:  # an inner policy with a wrapper twin: use it
+            twin = _TWINS.get(type(i))
+            if twin is not None:
+                self.compiled = twin
         self._i_insert, self._i_hit, self._i_pin, self._i_unpin = i.on_insert, i.on_hit, i.on_pin, i.on_unpin
         self._i_evict, self._i_victim = i.on_evict, i.victim
 
@@ -361,3 +365,5 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
 
 PrefixAwareLRU.compiled = _compiled_twin(LRU.compiled)
 PrefixAwareLFU.compiled = _compiled_twin(LFU.compiled)
+#: inner policy class -> the wrapper's twin (``prefix-aware`` with that inner, default parameters, uses it)
+_TWINS: dict[type, CompiledPolicy] = {LRU: PrefixAwareLRU.compiled, LFU: PrefixAwareLFU.compiled}
