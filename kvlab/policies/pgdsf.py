@@ -56,7 +56,20 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
-from kvlab.policies._queues import heap_push, heap_remove
+from kvlab.policies._leaf import (
+    BKEY,
+    BPAR,
+    GNXT,
+    GPRV,
+    LEAF_ROWS,
+    P2,
+    P,
+    leaf_drop,
+    leaf_evict,
+    leaf_insert,
+    leaf_push,
+    leaf_victim,
+)
 from kvlab.policies.base import register_policy
 from kvlab.policies.gdsf import LLAMA2_7B_ATTENTION_RATIO
 
@@ -154,27 +167,25 @@ class PGDSF(LeafHeapPolicy):
 
 
 # ---------------------------------------------------------------------- compiled twin
-# state: (B, Bf, K, Kf, M, F, prompt_tokens, offsets, key_ids).
-# B (per block, int64; Bf = its float64 view): the queued evictable blocks in an indexed heap (H, P) and
-# the parked ones in another (H2, P2), both keyed by (KEY, STAMP) = (IEEE bits of the priority when
-# unpinned, unpin stamp); BKEY, BPAR (the block's key and parent key, -1 = none); GNXT, GPRV (the parked
-# group of BKEY, a linked list); PRIO (float bits: the current priority).
-# K (per dense key, int64; Kf its float64 view): FREQ, CNT (computations), MEAN (float bits: mean span
-# cost), CHILD (cached blocks whose parent is this key), GHEAD (first parked block of the key, -1 none).
+# state: (B, Bf, K, Kf, M, F, prompt_tokens, offsets, key_ids), on the leaf machinery of
+# kvlab/policies/_leaf.py (its B rows and M slots; heap keys = IEEE bits of the priority when unpinned,
+# positive, so their bits order like them). B row PRIO (float bits, Bf = B's float64 view): the current
+# priority. K (per dense key, int64; Kf its float64 view): FREQ, CNT (computations), MEAN (float bits:
+# mean span cost), CHILD (cached blocks whose parent is this key), GHEAD (first parked block, -1 none).
 # B and K are transposes of row-per-block / row-per-key arrays (one block's or key's fields share cache
 # lines: about twice as fast on Mooncake as the field-major layout, the key arrays being large).
 # M = [queued heap size, parked heap size, stamp clock, seq of the span cost, block size];
 # F = [clock, span cost, attention_ratio].
-H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV, PRIO = range(11)
+PRIO = LEAF_ROWS
 FREQ, CNT, MEAN, CHILD, GHEAD = range(5)
-N, N2, SCLOCK, SPAN, BS = range(5)
+SPAN, BS = 3, 4
 CLOCK, SPANC, AR = range(3)
 
 
 @nb.njit(cache=True)
 def _init(capacity, num_keys, params):
     values, prompt, offsets, key_ids = params
-    Bt = np.zeros((capacity, 11), np.int64)
+    Bt = np.zeros((capacity, LEAF_ROWS + 1), np.int64)
     B = Bt.T
     Bf = Bt.view(np.float64).T
     for row in (P, P2, BKEY, BPAR, GNXT, GPRV):
@@ -215,13 +226,8 @@ def _on_insert(state, b, key, seq, pos):
         Kf[MEAN, key] = mean
         K[CNT, key] = n
         Bf[PRIO, b] = F[CLOCK] + f * mean
-    B[BKEY, b] = key
-    if pos > 0:
-        parent = state[8][state[7][seq] + pos - 1]
-        B[BPAR, b] = parent
-        K[CHILD, parent] += 1
-    else:
-        B[BPAR, b] = -1
+    parent = state[8][state[7][seq] + pos - 1] if pos > 0 else -1
+    leaf_insert(B, K, b, key, parent, CHILD)
 
 
 @nb.njit(cache=True)
@@ -234,82 +240,28 @@ def _on_hit(state, b, key, seq, pos):
 
 
 @nb.njit(cache=True)
-def _unpark(B, K, M, b):
-    """Take parked ``b`` out of the parked heap and its key's group."""
-    heap_remove(B, M, H2, P2, KEY, STAMP, N2, b)
-    prv, nxt = B[GPRV, b], B[GNXT, b]
-    if prv >= 0:
-        B[GNXT, prv] = nxt
-    else:
-        K[GHEAD, B[BKEY, b]] = nxt
-    if nxt >= 0:
-        B[GPRV, nxt] = prv
-
-
-@nb.njit(cache=True)
-def _drop(B, K, M, b):
-    """Forget evictable ``b``'s entry, queued or parked."""
-    if B[P, b] >= 0:
-        heap_remove(B, M, H, P, KEY, STAMP, N, b)
-    elif B[P2, b] >= 0:
-        _unpark(B, K, M, b)
-
-
-@nb.njit(cache=True)
 def _on_pin(state, b, seq):
-    _drop(state[0], state[2], state[4], b)
+    leaf_drop(state[0], state[2], state[4], b, GHEAD)
 
 
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
-    B, M = state[0], state[4]
-    B[KEY, b] = B[PRIO, b]  # priorities are positive: their bits order like them
-    B[STAMP, b] = M[SCLOCK]
-    M[SCLOCK] += 1
-    heap_push(B, M, H, P, KEY, STAMP, N, b)
+    B = state[0]
+    leaf_push(B, state[4], b, B[PRIO, b])
 
 
 @nb.njit(cache=True)
 def _victim(state):
-    B, K, M = state[0], state[2], state[4]
-    while M[N] > 0:
-        b = B[H, 0]
-        k = B[BKEY, b]
-        if K[CHILD, k] == 0:
-            return b
-        # a non-leaf at the top: park it (with its entry) in its key's group
-        heap_remove(B, M, H, P, KEY, STAMP, N, b)
-        heap_push(B, M, H2, P2, KEY, STAMP, N2, b)
-        head = K[GHEAD, k]
-        B[GPRV, b] = -1
-        B[GNXT, b] = head
-        if head >= 0:
-            B[GPRV, head] = b
-        K[GHEAD, k] = b
-    return B[H2, 0]  # only parked blocks are evictable: the smallest entry
+    return leaf_victim(state[0], state[2], state[4], CHILD, GHEAD)
 
 
 @nb.njit(cache=True)
 def _on_evict(state, b):
-    B, Bf, K, M, F = state[0], state[1], state[2], state[4], state[5]
+    Bf, F = state[1], state[5]
     h = Bf[PRIO, b]
     if h > F[CLOCK]:
         F[CLOCK] = h
-    _drop(B, K, M, b)
-    parent = B[BPAR, b]
-    B[BKEY, b] = -1
-    B[BPAR, b] = -1
-    if parent >= 0:
-        left = K[CHILD, parent] - 1
-        K[CHILD, parent] = left
-        if left == 0:  # the parent key is a leaf again: its parked blocks rejoin the queue, same entries
-            x = K[GHEAD, parent]
-            K[GHEAD, parent] = -1
-            while x >= 0:
-                nxt = B[GNXT, x]
-                heap_remove(B, M, H2, P2, KEY, STAMP, N2, x)
-                heap_push(B, M, H, P, KEY, STAMP, N, x)
-                x = nxt
+    leaf_evict(state[0], state[2], state[4], b, CHILD, GHEAD)
 
 
 PGDSF.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

@@ -46,7 +46,20 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
-from kvlab.policies._queues import heap_push, heap_remove
+from kvlab.policies._leaf import (
+    BKEY,
+    BPAR,
+    GNXT,
+    GPRV,
+    LEAF_ROWS,
+    P2,
+    P,
+    leaf_drop,
+    leaf_evict,
+    leaf_insert,
+    leaf_push,
+    leaf_victim,
+)
 from kvlab.policies.base import register_policy
 
 _POS_LIMIT = (1 << 31) - 1
@@ -108,22 +121,20 @@ class SGLangLeaf(LeafHeapPolicy):
 
 
 # ---------------------------------------------------------------------- compiled twin
-# state: (B, K, M, offsets, key_ids) -- the layout of pgdsf's twin with an integer priority.
-# B (per block, int64, the transpose of a row-per-block array): the queued evictable blocks in an indexed
-# heap (H, P) and the parked ones in another (H2, P2), both keyed by (KEY, STAMP) = (last access when
-# unpinned, unpin stamp); BKEY, BPAR (the block's key and parent key, -1 = none); GNXT, GPRV (the parked
-# group of BKEY, a linked list); LAST (the last access, as in the class: request clock << 31 | -position).
-# K (per dense key): CHILD (cached blocks whose parent is this key), GHEAD (first parked block, -1 none).
-# M = [queued heap size, parked heap size, stamp clock, request clock, seq of the request clock].
-H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV, LAST = range(11)
+# state: (B, K, M, offsets, key_ids), on the leaf machinery of kvlab/policies/_leaf.py (its B rows and
+# M slots) with an integer priority: B row LAST = the last access, as in the class (request clock << 31 |
+# -position), the heap key at unpin. K (per dense key): CHILD (cached blocks whose parent is this key),
+# GHEAD (first parked block, -1 none). M = [queued heap size, parked heap size, stamp clock, request
+# clock, seq of the request clock].
+LAST = LEAF_ROWS
 CHILD, GHEAD = range(2)
-N, N2, SCLOCK, RCLOCK, RSEQ = range(5)
+RCLOCK, RSEQ = 3, 4
 
 
 @nb.njit(cache=True)
 def _init(capacity, num_keys, params):
     offsets, key_ids = params
-    Bt = np.zeros((capacity, 11), np.int64)
+    Bt = np.zeros((capacity, LEAF_ROWS + 1), np.int64)
     B = Bt.T
     for row in (P, P2, BKEY, BPAR, GNXT, GPRV):
         B[row] = -1
@@ -147,14 +158,8 @@ def _touch(state, b, seq, pos):
 @nb.njit(cache=True)
 def _on_insert(state, b, key, seq, pos):
     _touch(state, b, seq, pos)
-    B, K = state[0], state[1]
-    B[BKEY, b] = key
-    if pos > 0:
-        parent = state[4][state[3][seq] + pos - 1]
-        B[BPAR, b] = parent
-        K[CHILD, parent] += 1
-    else:
-        B[BPAR, b] = -1
+    parent = state[4][state[3][seq] + pos - 1] if pos > 0 else -1
+    leaf_insert(state[0], state[1], b, key, parent, CHILD)
 
 
 @nb.njit(cache=True)
@@ -164,79 +169,24 @@ def _on_hit(state, b, key, seq, pos):
 
 
 @nb.njit(cache=True)
-def _unpark(B, K, M, b):
-    """Take parked ``b`` out of the parked heap and its key's group."""
-    heap_remove(B, M, H2, P2, KEY, STAMP, N2, b)
-    prv, nxt = B[GPRV, b], B[GNXT, b]
-    if prv >= 0:
-        B[GNXT, prv] = nxt
-    else:
-        K[GHEAD, B[BKEY, b]] = nxt
-    if nxt >= 0:
-        B[GPRV, nxt] = prv
-
-
-@nb.njit(cache=True)
-def _drop(B, K, M, b):
-    """Forget evictable ``b``'s entry, queued or parked."""
-    if B[P, b] >= 0:
-        heap_remove(B, M, H, P, KEY, STAMP, N, b)
-    elif B[P2, b] >= 0:
-        _unpark(B, K, M, b)
-
-
-@nb.njit(cache=True)
 def _on_pin(state, b, seq):
-    _drop(state[0], state[1], state[2], b)
+    leaf_drop(state[0], state[1], state[2], b, GHEAD)
 
 
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
-    B, M = state[0], state[2]
-    B[KEY, b] = B[LAST, b]
-    B[STAMP, b] = M[SCLOCK]
-    M[SCLOCK] += 1
-    heap_push(B, M, H, P, KEY, STAMP, N, b)
+    B = state[0]
+    leaf_push(B, state[2], b, B[LAST, b])
 
 
 @nb.njit(cache=True)
 def _victim(state):
-    B, K, M = state[0], state[1], state[2]
-    while M[N] > 0:
-        b = B[H, 0]
-        k = B[BKEY, b]
-        if K[CHILD, k] == 0:
-            return b
-        # a non-leaf at the top: park it (with its entry) in its key's group
-        heap_remove(B, M, H, P, KEY, STAMP, N, b)
-        heap_push(B, M, H2, P2, KEY, STAMP, N2, b)
-        head = K[GHEAD, k]
-        B[GPRV, b] = -1
-        B[GNXT, b] = head
-        if head >= 0:
-            B[GPRV, head] = b
-        K[GHEAD, k] = b
-    return B[H2, 0]  # only parked blocks are evictable: the smallest entry
+    return leaf_victim(state[0], state[1], state[2], CHILD, GHEAD)
 
 
 @nb.njit(cache=True)
 def _on_evict(state, b):
-    B, K, M = state[0], state[1], state[2]
-    _drop(B, K, M, b)
-    parent = B[BPAR, b]
-    B[BKEY, b] = -1
-    B[BPAR, b] = -1
-    if parent >= 0:
-        left = K[CHILD, parent] - 1
-        K[CHILD, parent] = left
-        if left == 0:  # the parent key is a leaf again: its parked blocks rejoin the queue, same entries
-            x = K[GHEAD, parent]
-            K[GHEAD, parent] = -1
-            while x >= 0:
-                nxt = B[GNXT, x]
-                heap_remove(B, M, H2, P2, KEY, STAMP, N2, x)
-                heap_push(B, M, H, P, KEY, STAMP, N, x)
-                x = nxt
+    leaf_evict(state[0], state[1], state[2], b, CHILD, GHEAD)
 
 
 SGLangLeaf.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
