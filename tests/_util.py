@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from kvlab.workload.workload import from_lists
 
@@ -16,4 +17,70 @@ def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int 
         stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
         tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
         prompts.append(stem + tail)
+    return from_lists(prompts, arrival=np.arange(n, dtype=float))
+
+
+# ---------------------------------------------------------------------- compiled twins vs Python classes
+ENGINE_COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks",
+                  "orphan_evictions"]
+
+
+def assert_twin_equal(w, cfg):
+    """Replay ``w`` with ``cfg`` on the compiled and on the Python engine; every per-request column (and
+    the token hit rate) must be equal. Returns the Python run's columns."""
+    from kvlab.replay import encode, replay
+
+    enc = encode(w, cfg)
+    fast = replay(w, cfg, encoded=enc, engine="compiled")
+    slow = replay(w, cfg, encoded=enc, engine="python")
+    assert fast.summary["engine"] == "compiled" and slow.summary["engine"] == "python"
+    a = fast.requests[ENGINE_COLUMNS].reset_index(drop=True)
+    b = slow.requests[ENGINE_COLUMNS].reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+    assert fast.summary["token_hit_rate"] == slow.summary["token_hit_rate"]
+    return b
+
+
+def random_category_workload(seed: int, n: int = 500, vocab: int = 3, max_len: int = 40, *,
+                             long_gap: float = 4.0, turns: bool = False):
+    """Shared-prefix prompts with random categories (some missing), optionally turns (-1, 0 .. 14), and
+    arrival times on a coarse grid (many ties, gaps up to ``long_gap`` s) starting below zero."""
+    rng = np.random.default_rng(seed)
+    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
+    prompts = []
+    for _ in range(n):
+        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
+        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
+        prompts.append(stem + tail)
+    arrival = np.cumsum(rng.choice([0.0, 0.0, 0.0, 0.25, 1.5, long_gap], size=n)) - 3.0
+    labels = np.array(["chat", "rag", "search", None], dtype=object)[rng.integers(0, 4, size=n)]
+    extra = {"turn": rng.integers(-1, 15, size=n)} if turns else {}
+    return from_lists(prompts, arrival=arrival, category=pd.Categorical(labels), **extra)
+
+
+def conversation_workload(seed: int, n: int = 300, sessions: int = 12, system: int = 12, turn_max: int = 10):
+    """Interleaved multi-turn conversations over one system prompt (each prompt is its session's previous
+    prompt plus a new turn): a deep prefix tree, for leaf-only policies."""
+    rng = np.random.default_rng(seed)
+    system_prompt = rng.integers(0, 50, size=system).tolist()
+    history = [list(system_prompt) for _ in range(sessions)]
+    prompts = []
+    for _ in range(n):
+        s = int(rng.integers(sessions))
+        if rng.random() < 0.1:
+            history[s] = list(system_prompt)  # a new conversation in this slot
+        history[s] += rng.integers(0, 50, size=int(rng.integers(1, turn_max))).tolist()
+        prompts.append(list(history[s]))
+    return from_lists(prompts, arrival=np.arange(n, dtype=float))
+
+
+def deep_prefix_workload(seed: int, n: int = 300, depth: int = 120, branch: int = 3):
+    """Prefixes of one long trunk plus a short tail: in vllm mode trunk keys get duplicates, and a duplicate
+    whose children are pinned can be the only kind of evictable block left (the leaf-only fallback)."""
+    rng = np.random.default_rng(seed)
+    trunk = rng.integers(0, 50, size=depth).tolist()
+    prompts = []
+    for _ in range(n):
+        stem = trunk[: int(rng.integers(1, depth))]
+        prompts.append(stem + rng.integers(0, branch, size=int(rng.integers(0, 8))).tolist())
     return from_lists(prompts, arrival=np.arange(n, dtype=float))

@@ -11,47 +11,16 @@ import numba as nb
 import numpy as np
 import pandas as pd
 import pytest
+from _util import assert_twin_equal, random_category_workload
 
 from kvlab.cache import AccessContext, PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
 from kvlab.policies.atc25 import Category, WorkloadAware, request_categories
-from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay import ReplayConfig, encode
 from kvlab.workload.alibaba import load_alibaba
 from kvlab.workload.generate import synthetic_chat
 from kvlab.workload.mooncake import load_mooncake
-from kvlab.workload.workload import from_lists
-
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
-
-
-def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
-    enc = encode(w, cfg)
-    fast = replay(w, cfg, encoded=enc, engine="compiled")
-    slow = replay(w, cfg, encoded=enc, engine="python")
-    assert fast.summary["engine"] == "compiled" and slow.summary["engine"] == "python"
-    a = fast.requests[COLUMNS].reset_index(drop=True)
-    b = slow.requests[COLUMNS].reset_index(drop=True)
-    pd.testing.assert_frame_equal(a, b, check_dtype=False)
-    assert fast.summary["token_hit_rate"] == slow.summary["token_hit_rate"]
-    return b
-
-
-def random_category_workload(seed: int, n: int = 500, vocab: int = 3, max_len: int = 40):
-    """Shared-prefix prompts with random categories (some missing), turns (-1, 0 .. 14) and arrival
-    times on a coarse grid (many ties) starting below zero."""
-    rng = np.random.default_rng(seed)
-    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
-    prompts = []
-    for _ in range(n):
-        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
-        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
-        prompts.append(stem + tail)
-    arrival = np.cumsum(rng.choice([0.0, 0.0, 0.0, 0.25, 1.5, 40.0], size=n)) - 3.0
-    labels = np.array(["chat", "rag", "search", None], dtype=object)[rng.integers(0, 4, size=n)]
-    turn = rng.integers(-1, 15, size=n)
-    return from_lists(prompts, arrival=arrival, category=pd.Categorical(labels), turn=turn)
-
 
 # ---------------------------------------------------------------------- float pieces
 
@@ -87,7 +56,7 @@ def test_time_keys_order_like_the_floats():
 
 
 def test_categories_are_label_and_clamped_turn():
-    w = random_category_workload(1, n=200)
+    w = random_category_workload(1, n=200, long_gap=40.0, turns=True)
     enc = encode(w, ReplayConfig(capacity_blocks=10, block_size=2))
     _, rq = request_categories(enc, 4)
     labels = [None if pd.isna(c) else str(c) for c in w.category]
@@ -143,7 +112,7 @@ def test_twin_equals_python_with_parameters(params):
     (40, 3, {"life_s": 1e5, "max_turn": 12}),
 ])
 def test_twin_equals_python_on_random_categories_turns_and_ties(seed, capacity, block_size, params):
-    w = random_category_workload(seed)
+    w = random_category_workload(seed, long_gap=40.0, turns=True)
     for mode in ("vllm", "ideal"):
         cfg = ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode, policy="workload-aware",
                            policy_params=params)

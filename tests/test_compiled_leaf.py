@@ -6,60 +6,18 @@ them, the fallback to a non-leaf when every evictable block has cached children)
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
-from _util import random_token_workload
+from _util import assert_twin_equal, conversation_workload, deep_prefix_workload, random_token_workload
 
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
 from kvlab.policies.prefix_aware import PrefixAware
 from kvlab.policies.sglang_leaf import SGLangLeaf
-from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay import ReplayConfig, encode
 from kvlab.workload.workload import from_lists
 
 POLICIES = ["sglang-leaf", "prefix-aware-lru", "prefix-aware-lfu"]
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 CASES = [(1, 2, 0), (3, 2, 1), (8, 1, 2), (13, 4, 3), (40, 2, 4), (24, 3, 5)]
-
-
-def conversation_workload(seed: int, n: int = 300, sessions: int = 12, system: int = 12, turn_max: int = 10):
-    """Interleaved multi-turn conversations over one system prompt: a deep prefix tree whose inner blocks
-    reach the front of the order (they were accessed or unpinned earlier than their children), get parked,
-    then released when their last cached child goes."""
-    rng = np.random.default_rng(seed)
-    system_prompt = rng.integers(0, 50, size=system).tolist()
-    history = [list(system_prompt) for _ in range(sessions)]
-    prompts = []
-    for _ in range(n):
-        s = int(rng.integers(sessions))
-        if rng.random() < 0.1:
-            history[s] = list(system_prompt)
-        history[s] += rng.integers(0, 50, size=int(rng.integers(1, turn_max))).tolist()
-        prompts.append(list(history[s]))
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
-
-
-def deep_prefix_workload(seed: int, n: int = 300, depth: int = 120, branch: int = 3):
-    """Prefixes of one long trunk plus a short tail: in vllm mode trunk keys get duplicates, and a duplicate
-    whose children are pinned can be the only kind of evictable block left (the fallback)."""
-    rng = np.random.default_rng(seed)
-    trunk = rng.integers(0, 50, size=depth).tolist()
-    prompts = []
-    for _ in range(n):
-        stem = trunk[: int(rng.integers(1, depth))]
-        prompts.append(stem + rng.integers(0, branch, size=int(rng.integers(0, 8))).tolist())
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
-
-
-def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
-    enc = encode(w, cfg)
-    fast = replay(w, cfg, encoded=enc, engine="compiled")
-    slow = replay(w, cfg, encoded=enc, engine="python")
-    assert fast.summary["engine"] == "compiled" and slow.summary["engine"] == "python"
-    fast_cols = fast.requests[COLUMNS].reset_index(drop=True)
-    slow_cols = slow.requests[COLUMNS].reset_index(drop=True)
-    pd.testing.assert_frame_equal(fast_cols, slow_cols, check_dtype=False)
-    return slow_cols
 
 
 @pytest.fixture

@@ -6,46 +6,14 @@ categories (some missing) and irregular arrival times (ties, negative times)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
-from _util import random_token_workload
+from _util import assert_twin_equal, random_category_workload, random_token_workload
 
 from kvlab.policies import make_policy
 from kvlab.policies.length_aware import LengthAware
 from kvlab.policies.trtllm import TRTLLMPriority
-from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay import ReplayConfig
 from kvlab.workload.generate import synthetic_chat
-from kvlab.workload.workload import from_lists
-
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
-
-
-def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
-    enc = encode(w, cfg)
-    fast = replay(w, cfg, encoded=enc, engine="compiled")
-    slow = replay(w, cfg, encoded=enc, engine="python")
-    assert fast.summary["engine"] == "compiled" and slow.summary["engine"] == "python"
-    a = fast.requests[COLUMNS].reset_index(drop=True)
-    b = slow.requests[COLUMNS].reset_index(drop=True)
-    pd.testing.assert_frame_equal(a, b, check_dtype=False)
-    return b
-
-
-def random_category_workload(seed: int, n: int = 500, vocab: int = 3, max_len: int = 40):
-    """Shared-prefix prompts with random categories (some missing) and arrival times on a coarse grid
-    (many ties) starting below zero."""
-    rng = np.random.default_rng(seed)
-    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
-    prompts = []
-    for _ in range(n):
-        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
-        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
-        prompts.append(stem + tail)
-    arrival = np.cumsum(rng.choice([0.0, 0.0, 0.0, 0.25, 1.5, 4.0], size=n)) - 3.0
-    labels = np.array(["chat", "rag", "search", None], dtype=object)[rng.integers(0, 4, size=n)]
-    return from_lists(prompts, arrival=arrival, category=pd.Categorical(labels))
-
 
 TRT_PARAMS = [
     {},

@@ -6,64 +6,15 @@ when every evictable block has cached children) actually runs."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
-from _util import random_token_workload
+from _util import assert_twin_equal, conversation_workload, deep_prefix_workload, random_token_workload
 
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
 from kvlab.policies.pgdsf import PGDSF
 from kvlab.replay import ReplayConfig, encode, replay
-from kvlab.workload.workload import from_lists
 
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 CASES = [(1, 2, 0), (3, 2, 1), (8, 1, 2), (13, 4, 3), (40, 2, 4), (24, 3, 5)]
-
-
-def conversation_workload(seed: int, n: int = 300, sessions: int = 12, system: int = 12, turn_max: int = 10):
-    """Multi-turn conversations over one system prompt, interleaved: each prompt is its session's previous
-    prompt plus a new turn, so the prefix tree is deep and a parent key is usually computed by an earlier,
-    cheaper span (less cached prefix) than its children: inner blocks reach the top of the heap and get
-    parked, then released when their last cached child goes."""
-    rng = np.random.default_rng(seed)
-    system_prompt = rng.integers(0, 50, size=system).tolist()
-    history = [list(system_prompt) for _ in range(sessions)]
-    prompts = []
-    for _ in range(n):
-        s = int(rng.integers(sessions))
-        if rng.random() < 0.1:
-            history[s] = list(system_prompt)  # a new conversation in this slot
-        history[s] += rng.integers(0, 50, size=int(rng.integers(1, turn_max))).tolist()
-        prompts.append(list(history[s]))
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
-
-
-def deep_prefix_workload(seed: int, n: int = 300, depth: int = 120, branch: int = 3):
-    """Prompts that are prefixes of one long trunk plus a short tail from a tiny vocabulary. In vllm mode
-    the last full block of a prompt is recomputed, so trunk keys get duplicates; a duplicate whose
-    children are pinned by the running request can be the only kind of evictable block left."""
-    rng = np.random.default_rng(seed)
-    trunk = rng.integers(0, 50, size=depth).tolist()
-    prompts = []
-    for _ in range(n):
-        stem = trunk[: int(rng.integers(1, depth))]
-        prompts.append(stem + rng.integers(0, branch, size=int(rng.integers(0, 8))).tolist())
-    return from_lists(prompts, arrival=np.arange(n, dtype=float))
-
-
-def frames(w, cfg: ReplayConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
-    enc = encode(w, cfg)
-    fast = replay(w, cfg, encoded=enc, engine="compiled")
-    slow = replay(w, cfg, encoded=enc, engine="python")
-    assert fast.summary["engine"] == "compiled"
-    assert slow.summary["engine"] == "python"
-    return fast.requests[COLUMNS].reset_index(drop=True), slow.requests[COLUMNS].reset_index(drop=True)
-
-
-def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
-    fast, slow = frames(w, cfg)
-    pd.testing.assert_frame_equal(fast, slow, check_dtype=False)
-    return slow
 
 
 @pytest.fixture
