@@ -9,33 +9,22 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
-from _util import random_token_workload
+from _util import assert_twin_equal, random_token_workload
 
 from kvlab.cache import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.policies import lfu_decay, make_policy
 from kvlab.policies.belady import NEVER, next_use
-from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay import ReplayConfig, replay
 from kvlab.workload import synthetic_chat
 from kvlab.workload.objects import object_sequence
 from kvlab.workload.workload import from_lists
 
 TWINS = ["belady", "lfu-halflife"]
-COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
 CASES = [(1, 2, 0), (3, 2, 1), (8, 1, 2), (13, 4, 3), (40, 2, 4), (24, 3, 5)]
 
-
-def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
-    """Replay ``w`` with both engines; assert every column is equal; return the Python frame."""
-    enc = encode(w, cfg)
-    fast = replay(w, cfg, encoded=enc, engine="compiled")
-    slow = replay(w, cfg, encoded=enc, engine="python")
-    assert fast.summary["engine"] == "compiled" and slow.summary["engine"] == "python"
-    pd.testing.assert_frame_equal(fast.requests[COLUMNS], slow.requests[COLUMNS])
-    return slow.requests
 
 
 def irregular(w, seed: int, mean_gap: float = 1.0):
