@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numba as nb
 
-from kvlab.policies._queues import heap_push, heap_remove
+from kvlab.policies._queues import heap_push, heap_push_stamped, heap_remove
 
 H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV = range(10)
 LEAF_ROWS = 10
@@ -58,10 +58,7 @@ def leaf_drop(B, K, M, b, ghead):
 @nb.njit(cache=True)
 def leaf_push(B, M, b, key):
     """``b`` becomes evictable with heap key ``key`` (its unpin stamp breaks ties)."""
-    B[KEY, b] = key
-    B[STAMP, b] = M[SCLOCK]
-    M[SCLOCK] += 1
-    heap_push(B, M, H, P, KEY, STAMP, N, b)
+    heap_push_stamped(B, M, H, P, KEY, STAMP, N, SCLOCK, b, key)
 
 
 @nb.njit(cache=True)

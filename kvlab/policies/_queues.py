@@ -272,6 +272,16 @@ def heap_push(B, M, H, P, K1, K2, N, b):
 
 
 @nb.njit(cache=True)
+def heap_push_stamped(B, M, H, P, K1, K2, N, C, b, key):
+    """Add ``b`` keyed by ``(key, next stamp)``; ``M[C]`` is the stamp clock, so equal keys leave in push
+    order (the Python queues' tie-break: least recently unpinned first)."""
+    B[K1, b] = key
+    B[K2, b] = M[C]
+    M[C] += 1
+    heap_push(B, M, H, P, K1, K2, N, b)
+
+
+@nb.njit(cache=True)
 def heap_remove(B, M, H, P, K1, K2, N, b):
     """Remove member ``b``."""
     i = B[P, b]

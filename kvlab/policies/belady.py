@@ -38,8 +38,6 @@ keys are advanced in ``on_unpin`` and ``victim``); ``compiled_params()`` passes 
 
 from __future__ import annotations
 
-from heapq import heappush
-
 import numba as nb
 import numpy as np
 
@@ -48,7 +46,7 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import HeapPolicy
-from kvlab.policies._queues import heap_fix, heap_push, heap_remove
+from kvlab.policies._queues import heap_fix, heap_push_stamped, heap_remove
 from kvlab.policies.base import register_policy
 
 NEVER = 1 << 62
@@ -174,16 +172,7 @@ class Belady(HeapPolicy):
             self._evictable[k] = [held, bid]
         else:
             held.append(bid)
-        s = self._next  # HeapPolicy._push, inlined
-        self._next = s + 1
-        self._stamp[bid] = s
-        e = (NEVER - self._key_next[k], s, bid)
-        run = self._run
-        if not run or e > run[-1]:
-            run.append(e)
-        else:
-            heappush(self._heap, e)
-        self._n += 1
+        self._push(bid, NEVER - self._key_next[k])
 
     def _forget(self, block: KVBlock) -> None:
         k = block.key
@@ -309,10 +298,7 @@ def _on_unpin(state, b, seq):
     else:
         K[KHEAD, k] = b
     K[KTAIL, k] = b
-    B[PRI, b] = NEVER - K[KNEXT, k]
-    B[STAMP, b] = M[_NEXT]
-    M[_NEXT] += 1
-    heap_push(B, M, H, P, PRI, STAMP, _N, b)
+    heap_push_stamped(B, M, H, P, PRI, STAMP, _N, _NEXT, b, NEVER - K[KNEXT, k])
 
 
 @nb.njit(cache=True)

@@ -36,8 +36,6 @@ the same order (bit-identical) and kept as an int64 key ordered like the float
 
 from __future__ import annotations
 
-from heapq import heappush
-
 import numba as nb
 import numpy as np
 
@@ -46,7 +44,7 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import HeapPolicy
-from kvlab.policies._queues import float_key, heap_push, heap_remove
+from kvlab.policies._queues import float_key, heap_push_stamped, heap_remove
 from kvlab.policies.base import register_policy
 
 LLAMA2_7B_ATTENTION_RATIO = 4 * 32 * 4096 / (2 * 6.74e9)
@@ -109,17 +107,8 @@ class GDSF(HeapPolicy):
         self._prio[bid] = self.clock + f * self._cost[bid]
 
     def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id  # HeapPolicy._push, inlined
-        s = self._next
-        self._next = s + 1
-        self._stamp[bid] = s
-        e = (self._prio[bid], s, bid)
-        run = self._run
-        if not run or e > run[-1]:
-            run.append(e)
-        else:
-            heappush(self._heap, e)
-        self._n += 1
+        bid = block.block_id
+        self._push(bid, self._prio[bid])
 
     def on_evict(self, block: KVBlock) -> None:
         bid = block.block_id
@@ -181,10 +170,7 @@ def _on_pin(state, b, seq):
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
     B, M = state[0], state[2]
-    B[KEY, b] = float_key(B[PRIO, b])
-    B[STAMP, b] = M[CLOCK]
-    M[CLOCK] += 1
-    heap_push(B, M, H, P, KEY, STAMP, N, b)
+    heap_push_stamped(B, M, H, P, KEY, STAMP, N, CLOCK, b, float_key(B[PRIO, b]))
 
 
 @nb.njit(cache=True)

@@ -28,7 +28,7 @@ from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.policies._heap import HeapPolicy
-from kvlab.policies._queues import heap_push, heap_remove
+from kvlab.policies._queues import heap_push_stamped, heap_remove
 from kvlab.policies.base import register_policy
 
 _POS_LIMIT = (1 << 31) - 1
@@ -96,10 +96,7 @@ def _on_pin(state, b, seq):
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
     B, M = state
-    B[KEY, b] = (B[FREQ, b] << 32) | (_POS_LIMIT - B[POS, b])
-    B[STAMP, b] = M[1]
-    M[1] += 1
-    heap_push(B, M, H, P, KEY, STAMP, 0, b)
+    heap_push_stamped(B, M, H, P, KEY, STAMP, 0, 1, b, (B[FREQ, b] << 32) | (_POS_LIMIT - B[POS, b]))
 
 
 @nb.njit(cache=True)

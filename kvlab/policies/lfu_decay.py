@@ -32,7 +32,7 @@ from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
-from kvlab.policies._queues import KeyedQueue, float_key, heap_push, heap_remove
+from kvlab.policies._queues import KeyedQueue, float_key, heap_push_stamped, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -147,10 +147,7 @@ def _on_pin(state, b, seq):
 def _on_unpin(state, b, seq):
     B, F, FI, M, par = state[0], state[1], state[2], state[3], state[4]
     F[PRI, b] = math.log2(F[COUNT, b]) + F[LAST, b] / par[0]
-    B[KEY, b] = float_key(FI[PRI, b])
-    B[STAMP, b] = M[1]
-    M[1] += 1
-    heap_push(B, M, H, P, KEY, STAMP, 0, b)
+    heap_push_stamped(B, M, H, P, KEY, STAMP, 0, 1, b, float_key(FI[PRI, b]))
 
 
 @nb.njit(cache=True)

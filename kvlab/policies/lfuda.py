@@ -25,7 +25,7 @@ import numpy as np
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import BucketQueue, heap_push, heap_remove
+from kvlab.policies._queues import BucketQueue, heap_push_stamped, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -117,10 +117,7 @@ def _on_pin(state, b, seq):
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
     B, M = state
-    B[KEY, b] = B[PRIO, b]
-    B[STAMP, b] = M[CLOCK]
-    M[CLOCK] += 1
-    heap_push(B, M, H, P, KEY, STAMP, N, b)
+    heap_push_stamped(B, M, H, P, KEY, STAMP, N, CLOCK, b, B[PRIO, b])
 
 
 @nb.njit(cache=True)

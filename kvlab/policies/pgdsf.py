@@ -46,7 +46,6 @@ it): ``([attention_ratio, block_size], prompt_tokens, offsets, key_ids)``.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from heapq import heappush
 
 import numba as nb
 import numpy as np
@@ -144,17 +143,8 @@ class PGDSF(LeafHeapPolicy):
         self._prio[block.block_id] = self.clock + f * st[1]
 
     def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id  # HeapPolicy._push, inlined
-        s = self._next
-        self._next = s + 1
-        self._stamp[bid] = s
-        e = (self._prio[bid], s, bid)
-        run = self._run
-        if not run or e > run[-1]:
-            run.append(e)
-        else:
-            heappush(self._heap, e)
-        self._n += 1
+        bid = block.block_id
+        self._push(bid, self._prio[bid])
 
     def on_evict(self, block: KVBlock) -> None:
         h = self._prio[block.block_id]

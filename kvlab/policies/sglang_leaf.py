@@ -36,8 +36,6 @@ event. ``compiled_params()`` needs ``prepare(encoded)`` first: ``(offsets, key_i
 
 from __future__ import annotations
 
-from heapq import heappush
-
 import numba as nb
 import numpy as np
 
@@ -93,17 +91,8 @@ class SGLangLeaf(LeafHeapPolicy):
     on_hit = on_insert
 
     def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id  # HeapPolicy._push, inlined
-        s = self._next
-        self._next = s + 1
-        self._stamp[bid] = s
-        e = (self._last[bid], s, bid)
-        run = self._run
-        if not run or e > run[-1]:
-            run.append(e)
-        else:
-            heappush(self._heap, e)
-        self._n += 1
+        bid = block.block_id
+        self._push(bid, self._last[bid])
 
     def prepare(self, encoded: object) -> None:
         """Keep the replay's encoded workload: the compiled twin reads its key ids (a block's parent key)."""
