@@ -17,12 +17,20 @@ take the row of cached-children counts (``child``) and of the first parked block
 from __future__ import annotations
 
 import numba as nb
+import numpy as np
 
 from kvlab.policies._queues import heap_push, heap_push_stamped, heap_remove
 
 H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV = range(10)
 LEAF_ROWS = 10
 N, N2, SCLOCK = range(3)
+
+
+def key_arrays(encoded) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, key_ids)`` of an EncodedWorkload, contiguous int64: a twin finds the parent key of the
+    block at ``pos`` of request ``seq`` at ``key_ids[offsets[seq] + pos - 1]``."""
+    return (np.ascontiguousarray(encoded.offsets, dtype=np.int64),
+            np.ascontiguousarray(encoded.key_ids, dtype=np.int64))
 
 
 @nb.njit(cache=True)

@@ -131,9 +131,7 @@ class WorkloadAware(EvictionPolicy):
     def compiled_params(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``([life_s, window, min_samples], arrival, [TKEY, RCAT] rows)`` (see the compiled twin) of the
         workload given to ``prepare``."""
-        if self._encoded is None:
-            raise ConfigError("workload-aware: compiled_params() needs prepare(encoded) first")
-        arrival, rq = request_categories(self._encoded, self.max_turn)
+        arrival, rq = request_categories(self.prepared(), self.max_turn)
         return np.array([self.life_s, self.window, self.min_samples], dtype=np.float64), arrival, rq
 
     def attach(self, cache: object) -> None:

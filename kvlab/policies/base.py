@@ -54,6 +54,14 @@ class EvictionPolicy:
         """Offline policies (Belady) read the trace's future here: an EncodedWorkload whose dense key
         ids are the keys the cache will see. Called once before a replay."""
 
+    def prepared(self) -> object:
+        """The EncodedWorkload a compiled twin reads, kept by ``prepare`` as ``self._encoded``; ConfigError
+        if ``prepare`` was not called."""
+        encoded = getattr(self, "_encoded", None)
+        if encoded is None:
+            raise ConfigError(f"{self.name}: compiled_params() needs the workload: call prepare(encoded) first")
+        return encoded
+
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:  # noqa: B027 - optional hook
         pass
 

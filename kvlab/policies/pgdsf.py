@@ -63,6 +63,7 @@ from kvlab.policies._leaf import (
     LEAF_ROWS,
     P2,
     P,
+    key_arrays,
     leaf_drop,
     leaf_evict,
     leaf_insert,
@@ -100,14 +101,11 @@ class PGDSF(LeafHeapPolicy):
 
     def compiled_params(self) -> tuple:
         """``([attention_ratio, block_size], prompt_tokens, offsets, key_ids)`` of the prepared workload."""
-        enc = self._encoded
-        if enc is None:
-            raise ConfigError("pgdsf: compiled_params() needs the workload: call prepare(encoded) first")
+        enc = self.prepared()
         return (
             np.array([self.attention_ratio, enc.block_size], dtype=np.float64),  # type: ignore[attr-defined]
             np.ascontiguousarray(enc.prompt_tokens, dtype=np.int64),  # type: ignore[attr-defined]
-            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
-            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
+            *key_arrays(enc),
         )
 
     def attach(self, cache: object) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import NO_CONTEXT, AccessContext
-from kvlab.errors import ConfigError
+from kvlab.policies._leaf import key_arrays
 from kvlab.policies.base import EvictionPolicy, make_policy, register_policy
 from kvlab.policies.lfu import LFU
 from kvlab.policies.lru import LRU
@@ -83,13 +83,7 @@ class PrefixAware(EvictionPolicy):
     def compiled_params(self) -> tuple:
         """``(offsets, key_ids)`` of the prepared workload (the registered twins' inner policies take no
         parameters)."""
-        enc = self._encoded
-        if enc is None:
-            raise ConfigError(f"{self.name}: compiled_params() needs the workload: call prepare(encoded) first")
-        return (
-            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
-            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
-        )
+        return key_arrays(self.prepared())
 
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
         self._ctx = ctx

@@ -42,7 +42,6 @@ import numpy as np
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
 from kvlab.policies._leaf import (
     BKEY,
@@ -52,6 +51,7 @@ from kvlab.policies._leaf import (
     LEAF_ROWS,
     P2,
     P,
+    key_arrays,
     leaf_drop,
     leaf_evict,
     leaf_insert,
@@ -100,13 +100,7 @@ class SGLangLeaf(LeafHeapPolicy):
 
     def compiled_params(self) -> tuple:
         """``(offsets, key_ids)`` of the prepared workload."""
-        enc = self._encoded
-        if enc is None:
-            raise ConfigError("sglang-leaf: compiled_params() needs the workload: call prepare(encoded) first")
-        return (
-            np.ascontiguousarray(enc.offsets, dtype=np.int64),  # type: ignore[attr-defined]
-            np.ascontiguousarray(enc.key_ids, dtype=np.int64),  # type: ignore[attr-defined]
-        )
+        return key_arrays(self.prepared())
 
 
 # ---------------------------------------------------------------------- compiled twin
