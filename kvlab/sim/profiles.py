@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar, Self
 
 from kvlab.errors import ConfigError
 
@@ -64,8 +65,31 @@ def shipped_hardware() -> list[str]:
 
 
 # ---------------------------------------------------------------------- model
+class _JsonProfile:
+    """JSON round trip of a profile dataclass: ``{"kind": KIND, **fields}``; unknown fields are refused."""
+
+    KIND: ClassVar[str]
+    WHAT: ClassVar[str]  # "model" or "hardware", for error messages
+
+    def to_dict(self) -> dict:
+        return {"kind": self.KIND, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Self:
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - fields - {"kind"}
+        if unknown:
+            raise ConfigError(f"unknown {cls.WHAT} profile fields: {sorted(unknown)}")
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
 @dataclass(frozen=True)
-class ModelProfile:
+class ModelProfile(_JsonProfile):
     """A decoder-only transformer's shapes (all layers alike).
 
     Invariants: ``num_heads % num_kv_heads == 0``; ``head_dim`` defaults to ``hidden_size // num_heads``;
@@ -73,6 +97,9 @@ class ModelProfile:
     None) caps the attended context; ``num_experts > 0`` makes the MLP a mixture of experts with
     ``experts_per_token`` active per token (all experts' weights are resident and read).
     """
+
+    KIND: ClassVar[str] = MODEL_KIND
+    WHAT: ClassVar[str] = "model"
 
     name: str
     num_layers: int
@@ -196,8 +223,6 @@ class ModelProfile:
             changes["kv_dtype"] = kv_dtype
         return dataclasses.replace(self, **changes) if changes else self
 
-    def to_dict(self) -> dict:
-        return {"kind": MODEL_KIND, **dataclasses.asdict(self)}
 
     def summary(self) -> dict:
         """The profile plus its derived sizes (for manifests and reports)."""
@@ -208,19 +233,6 @@ class ModelProfile:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "linear_flops_per_token": self.linear_flops_per_token,
         }
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ModelProfile:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - fields - {"kind"}
-        if unknown:
-            raise ConfigError(f"unknown model profile fields: {sorted(unknown)}")
-        return cls(**{k: v for k, v in data.items() if k in fields})
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str | None = None) -> ModelProfile:
@@ -307,7 +319,7 @@ def load_model(name_or_path: str | Path | ModelProfile, *, dtype: str | None = N
 
 # ---------------------------------------------------------------------- hardware
 @dataclass(frozen=True)
-class HardwareProfile:
+class HardwareProfile(_JsonProfile):
     """One accelerator (bandwidths per direction, bytes/s; peak in FLOP/s at 16-bit, dense).
 
     Efficiency factors are the attained share of the peak: ``compute_efficiency`` for the linear layers,
@@ -317,6 +329,9 @@ class HardwareProfile:
     cached context, writing new KV into the pool; 0 unless calibrated); ``collective_latency_s`` once per
     all-reduce under tensor parallelism.
     """
+
+    KIND: ClassVar[str] = HARDWARE_KIND
+    WHAT: ClassVar[str] = "hardware"
 
     name: str
     peak_flops: float
@@ -360,21 +375,6 @@ class HardwareProfile:
         """A copy with some fields changed (e.g. fitted efficiencies, ``calibrated=True``)."""
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
-        return {"kind": HARDWARE_KIND, **dataclasses.asdict(self)}
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def from_dict(cls, data: dict) -> HardwareProfile:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - fields - {"kind"}
-        if unknown:
-            raise ConfigError(f"unknown hardware profile fields: {sorted(unknown)}")
-        return cls(**{k: v for k, v in data.items() if k in fields})
 
 
 HARDWARE_ALIASES = {"h100-sxm": "h100", "h100-80gb": "h100", "h200-sxm": "h200", "a100": "a100-80gb",
