@@ -23,7 +23,7 @@ import numpy as np
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import BucketQueue, heap_fix, heap_push, heap_remove
+from kvlab.policies._queues import BucketQueue, heap_fix, heap_push_stamped, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 
@@ -97,9 +97,7 @@ def _on_pin(state, b, seq):
 @nb.njit(cache=True)
 def _on_unpin(state, b, seq):
     B, M = state
-    B[STAMP, b] = M[1]
-    M[1] += 1
-    heap_push(B, M, H, P, FREQ, STAMP, 0, b)
+    heap_push_stamped(B, M, H, P, FREQ, STAMP, 0, 1, b, B[FREQ, b])
 
 
 @nb.njit(cache=True)

@@ -51,7 +51,7 @@ from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
-from kvlab.policies._queues import dl_append, dl_unlink, float_key, heap_push, heap_remove
+from kvlab.policies._queues import dl_append, dl_unlink, float_key, heap_push_stamped, heap_remove
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
@@ -310,10 +310,7 @@ def _on_unpin(state, b, seq):
     if B[HASDUR, b] != 0 and level != M[DEF]:
         F, FI = state[1], state[2]
         F[EXP, b] = t + F[DUR, b]
-        B[EKEY, b] = float_key(FI[EXP, b])
-        B[ESTAMP, b] = M[CLOCK]
-        M[CLOCK] += 1
-        heap_push(B, M, EH, EP, EKEY, ESTAMP, NE, b)
+        heap_push_stamped(B, M, EH, EP, EKEY, ESTAMP, NE, CLOCK, b, float_key(FI[EXP, b]))
 
 
 @nb.njit(cache=True)
