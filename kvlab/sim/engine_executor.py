@@ -484,6 +484,7 @@ def fidelity(
     *,
     loads: Sequence[float] = (0.5, 0.8),
     repeats: int = 1,
+    saturation_repeats: int | None = None,
     timer: str = "wall",
     model: ModelProfile | None = None,
     policy: str = "lru",
@@ -509,12 +510,16 @@ def fidelity(
     itself is never used for the fit.
 
     Saturation (requests/s, unless given) is measured first: the engine serves the trace with every
-    arrival at t = 0 (``repeats`` times, the median kept: it sets the load of every later run). At load
+    arrival at t = 0 (``saturation_repeats`` times, default ``repeats``, the median kept: it sets the load of
+    every later run). At load
     ``x`` the arrivals are scaled to the rate ``x × saturation`` for both runs (same scheduler settings,
     pool, policy). The engine run is repeated ``repeats`` times (the loads alternate) and each request's
     engine TTFT is its median over the repeats. Per-request error: ``|TTFT_sim − TTFT_engine| /
     TTFT_engine``; for reference, ``engine_rerun_*_error`` compare the engine's repeats with one another
-    (every ordered pair of runs, same formula): the noise floor of the metric on this machine.
+    (every ordered pair of runs, same formula): the noise floor of one run on this machine, and
+    ``engine_split_half_*_error`` compare the median of the odd-numbered repeats with that of the even-numbered
+    ones: the noise of a median of ``repeats / 2`` runs, an upper bound for that of the reported median.
+    Each request's TTFT in every engine run is kept (``ttft_engine_runs_s``).
     ``max_num_seqs=1`` (default): every step holds one sequence, the setting in which the engine's
     one-sequence-per-forward execution is what the cost model describes; scheduling then does not depend
     on timing, so hits agree exactly (``hits_equal``).
@@ -522,8 +527,9 @@ def fidelity(
     from kvlab.sim.calibrate import calibrate, combine_rounds, grid_for_limits, measure_steps
     from kvlab.sim.simulator import simulate
 
-    if repeats < 1 or not loads or min(loads) <= 0:
-        raise ConfigError("fidelity needs repeats >= 1 and loads > 0")
+    saturation_repeats = repeats if saturation_repeats is None else saturation_repeats
+    if repeats < 1 or saturation_repeats < 1 or not loads or min(loads) <= 0:
+        raise ConfigError("fidelity needs repeats >= 1, saturation_repeats >= 1 and loads > 0")
     model_p = model if model is not None else engine_model_profile(engine)
     rounds: list[pd.DataFrame] = []
     if grid is None:  # the configuration's limits: chunks up to the token budget, contexts up to max_model_len
@@ -542,7 +548,7 @@ def fidelity(
     measure_round()
     saturation_runs: list[float] = []
     if saturation_rps is None:
-        for _ in range(repeats):
+        for _ in range(saturation_repeats):
             saturation_runs.append(saturation_throughput(run_engine_serving(zero_arrivals(workload), engine,
                                                                             **serve)))
             measure_round()
@@ -571,11 +577,17 @@ def fidelity(
         err["arrival_s"] = sim.requests["arrival"].to_numpy()
         err["prompt_tokens"] = sim.requests["prompt_tokens"].to_numpy()
         err["ttft_engine_spread"] = (ttfts.max(axis=0) - ttfts.min(axis=0)) / err["ttft_engine_s"]
+        err["ttft_engine_runs_s"] = list(ttfts.T)
         per_request.append(err)
         e = err["ttft_rel_error"].to_numpy()
         busy = [r.summary["busy_s"] for r in runs]
         rerun = [np.abs(ttfts[i] - ttfts[j]) / ttfts[j] for i in range(repeats) for j in range(repeats) if i != j]
         rerun_e = np.concatenate(rerun) if rerun else np.array([np.nan])
+        if repeats >= 2:
+            odd, even = np.median(ttfts[1::2], axis=0), np.median(ttfts[0::2], axis=0)
+            split_e = np.concatenate([np.abs(odd - even) / even, np.abs(even - odd) / odd])
+        else:
+            split_e = np.array([np.nan])
         rows.append({
             "load": float(load), "rate_rps": rate, "requests": len(err),
             "median_ttft_error": float(np.median(e)), "p90_ttft_error": float(np.percentile(e, 90)),
@@ -586,6 +598,8 @@ def fidelity(
             "ttft_p90_sim_s": float(np.percentile(err["ttft_sim_s"], 90)),
             "engine_rerun_median_error": float(np.median(rerun_e)),
             "engine_rerun_p90_error": float(np.percentile(rerun_e, 90)),
+            "engine_split_half_median_error": float(np.median(split_e)),
+            "engine_split_half_p90_error": float(np.percentile(split_e, 90)),
             "busy_engine_s": float(np.median(busy)), "busy_engine_min_s": float(np.min(busy)),
             "busy_engine_max_s": float(np.max(busy)), "busy_sim_s": float(sim.summary["busy_s"]),
             "makespan_engine_s": float(np.median([r.summary["makespan_s"] for r in runs])),
@@ -594,7 +608,8 @@ def fidelity(
             "token_hit_rate": float(sim.summary["token_hit_rate"]),
             "engine_repeats": repeats,
         })
-    config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_runs_rps": saturation_runs,
+    config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_repeats": saturation_repeats,
+              "saturation_runs_rps": saturation_runs,
               "timer": timer, "hardware": hw.name,
               "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
     return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
