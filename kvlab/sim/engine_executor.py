@@ -38,26 +38,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from kvlab.cache import AccessContext, PrefixCache
-from kvlab.cache.manager import KVCacheManager
 from kvlab.errors import ConfigError
-from kvlab.hashing import BlockHasher
-from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.results import build_manifest, write_results
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.scheduler import Entry, Request, Scheduler, WallClock
-from kvlab.sim.simulator import (
-    SimConfig,
-    SimResult,
-    _future,
-    _labels,
-    _requests_frame,
-    _summary,
-    ideal_hits,
-    scaled_arrivals,
-    sequence_keys,
-)
+from kvlab.sim.simulator import SimConfig, SimResult, _labels, make_manager, serving_results, trace_requests
 from kvlab.workload.workload import Workload
 
 TIMERS = ("wall", "thread")
@@ -358,36 +344,16 @@ def run_engine_serving(
     config.validate()
     make_clock(timer)  # validates the name before any work
     cost = CostModel(model_p, hw)
-    arrival, scale = scaled_arrivals(workload, rate=rate, time_scale=time_scale)
-    hasher = BlockHasher(hash, root_seed=root_seed, model_id=model_p.name)
-    seq_off, seq_keys, prompt_full, num_keys = sequence_keys(workload, hasher, bs)
-
+    tr = trace_requests(workload, model_id=model_p.name, block_size=bs, rate=rate, time_scale=time_scale, hash=hash,
+                        root_seed=root_seed)
     n = len(workload)
-    prompt = np.asarray(workload.input_length, dtype=np.int64)
-    keys_all, offs = seq_keys.tolist(), seq_off.tolist()
-    rid = workload.request_id.tolist()
-    tenant, category = _labels(workload.tenant, n), _labels(workload.category, n)
+    requests = tr.requests
     adapter = _labels(workload.adapter, n)
-    turn = workload.turn.tolist() if workload.turn is not None else [-1] * n
-    arr = arrival.tolist()
-    p_list = prompt.tolist()
-    o_list = np.maximum(np.asarray(workload.output_length, dtype=np.int64), 1).tolist()
-    requests = [
-        Request(
-            request_id=rid[r], prompt_tokens=p_list[r], keys=keys_all[offs[r]:offs[r + 1]],
-            ctx=AccessContext(time=arr[r], seq=r, request_id=rid[r], tenant=tenant[r], category=category[r],
-                              turn=turn[r], prompt_tokens=p_list[r]),
-            row=r, arrival=arr[r], output_length=o_list[r],
-        )
-        for r in range(n)
-    ]
     executor = EngineExecutor(engine, timer=timer)
     for r, req in enumerate(requests):
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
-    pol = make_policy(policy, **(policy_params or {}))
-    if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
-        pol.prepare(_future(requests, bs, num_keys, hasher.label))
-    manager = KVCacheManager(PrefixCache(capacity, pol, block_size=bs), cache_at=cache_at)
+    manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity=capacity, block_size=bs,
+                           cache_at=cache_at)
     bar = tqdm(total=n, disable=not progress, desc=f"engine {policy}", unit="req", mininterval=0.5)
 
     def on_finish(req: Request) -> None:
@@ -409,23 +375,14 @@ def run_engine_serving(
     wall = time.perf_counter() - t0
     scheduler.clock = _StoppedClock(end)
 
-    ideal = ideal_hits(keys_all, offs, p_list, o_list, bs)
-    frame = _requests_frame(workload, requests, arrival, prompt, prompt_full, ideal, bs)
-    timeseries = scheduler.timeseries()
-    timeseries.insert(0, "instance", 0)
-    block_bytes = bs * model_p.kv_bytes_per_token
-    timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
-    timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
-    summary = _summary(frame, timeseries, [scheduler], cost, capacity, bs, scale, config, wall)
+    frame, timeseries, summary, trace = serving_results(
+        workload, tr, [scheduler], cost=cost, capacity=capacity, block_size=bs, model=model_p, config=config,
+        seconds=wall)
     summary.update(
         executor="engine", timer=timer, device=str(engine.device), engine_model_id=engine.model_id,
         calibration="measured", cost_model=f"measured:{model_p.name}@{engine.device}", hardware=str(engine.device),
         forward_calls=executor.forward_calls, wall_seconds=wall,
     )
-    trace = {
-        "name": workload.name, "source": workload.source, "sha256": workload.checksum, "requests": n,
-        "kind": workload.kind, "trace_block_size": workload.block_size,
-    }
     engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": capacity}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
                                generated=dict(executor.generated))

@@ -247,6 +247,94 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
+@dataclass
+class TraceRequests:
+    """A trace as the scheduler's requests (trace order), shared by :func:`simulate` and the engine executor.
+
+    ``arrival``: simulated seconds, the trace's times × ``scale``. Request i's known block keys (prompt, then
+    known output tokens on token traces) are ``keys[offsets[i]:offsets[i + 1]]``, the first
+    ``prompt_full[i]`` of them its prompt's; ``num_keys`` dense keys in all, hashed under ``hash_label``.
+    ``prompt``: prompt tokens per request. Output lengths of 0 become 1 (a request samples at least one).
+    """
+
+    requests: list[Request]
+    arrival: np.ndarray
+    scale: float
+    keys: list
+    offsets: list[int]
+    prompt: np.ndarray
+    prompt_full: np.ndarray
+    num_keys: int
+    hash_label: str
+
+
+def trace_requests(workload: Workload, *, model_id: str, block_size: int, rate: float | None, time_scale: float,
+                   hash: str, root_seed: int) -> TraceRequests:
+    """Scale the arrivals, key every request's known blocks (:func:`sequence_keys`) and build its
+    :class:`~kvlab.sim.scheduler.Request` with the trace's labels in its access context."""
+    arrival, scale = scaled_arrivals(workload, rate=rate, time_scale=time_scale)
+    hasher = BlockHasher(hash, root_seed=root_seed, model_id=model_id)
+    seq_off, seq_keys, prompt_full, num_keys = sequence_keys(workload, hasher, block_size)
+    n = len(workload)
+    prompt = np.asarray(workload.input_length, dtype=np.int64)
+    keys, offs = seq_keys.tolist(), seq_off.tolist()
+    rid = workload.request_id.tolist()
+    tenant, category = _labels(workload.tenant, n), _labels(workload.category, n)
+    turn = workload.turn.tolist() if workload.turn is not None else [-1] * n
+    arr = arrival.tolist()
+    p_list = prompt.tolist()
+    o_list = np.maximum(np.asarray(workload.output_length, dtype=np.int64), 1).tolist()
+    requests = [
+        Request(
+            request_id=rid[r], prompt_tokens=p_list[r], keys=keys[offs[r]:offs[r + 1]],
+            ctx=AccessContext(time=arr[r], seq=r, request_id=rid[r], tenant=tenant[r], category=category[r],
+                              turn=turn[r], prompt_tokens=p_list[r]),
+            row=r, arrival=arr[r], output_length=o_list[r],
+        )
+        for r in range(n)
+    ]
+    return TraceRequests(requests, arrival, scale, keys, offs, prompt, prompt_full, num_keys, hasher.label)
+
+
+def make_manager(requests: list[Request], trace: TraceRequests, *, policy: str, policy_params: dict | None,
+                 capacity: int, block_size: int, cache_at: str) -> KVCacheManager:
+    """A cold KV manager over ``capacity`` blocks with a fresh ``policy`` for ``requests`` (one instance's, in
+    FCFS order); an offline policy is prepared with their known keys."""
+    pol = make_policy(policy, **(policy_params or {}))
+    if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
+        pol.prepare(_future(requests, block_size, trace.num_keys, trace.hash_label))
+    return KVCacheManager(PrefixCache(capacity, pol, block_size=block_size), cache_at=cache_at)
+
+
+def serving_results(workload: Workload, trace: TraceRequests, schedulers: list[Scheduler], *, cost: CostModel,
+                    capacity: int, block_size: int, model: ModelProfile, config: SimConfig, seconds: float,
+                    route: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
+    """After the run: the per-request frame (``instance`` column from ``route`` if given), the per-step time
+    series of every instance (bytes columns from the model's KV bytes per block), the summary (``seconds``:
+    the driver's own run time) and the trace's identity."""
+    outputs = [r.output_length for r in trace.requests]
+    ideal = ideal_hits(trace.keys, trace.offsets, trace.prompt.tolist(), outputs, block_size)
+    frame = _requests_frame(workload, trace.requests, trace.arrival, trace.prompt, trace.prompt_full, ideal,
+                            block_size)
+    if route is not None:
+        frame["instance"] = route
+    series = []
+    for inst, scheduler in enumerate(schedulers):
+        ts = scheduler.timeseries()
+        ts.insert(0, "instance", inst)
+        series.append(ts)
+    timeseries = pd.concat(series, ignore_index=True)
+    block_bytes = block_size * model.kv_bytes_per_token
+    timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
+    timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
+    summary = _summary(frame, timeseries, schedulers, cost, capacity, block_size, trace.scale, config, seconds)
+    info = {
+        "name": workload.name, "source": workload.source, "sha256": workload.checksum, "requests": len(workload),
+        "kind": workload.kind, "trace_block_size": workload.block_size,
+    }
+    return frame, timeseries, summary, info
+
+
 def simulate(
     workload: Workload,
     *,
@@ -300,44 +388,21 @@ def simulate(
         model_p, hw, bs, gpu_memory_utilization=gpu_memory_utilization, tensor_parallel=tensor_parallel,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
     )
-    arrival, scale = scaled_arrivals(workload, rate=rate, time_scale=time_scale)
-    hasher = BlockHasher(hash, root_seed=root_seed, model_id=model_p.name)
-    seq_off, seq_keys, prompt_full, num_keys = sequence_keys(workload, hasher, bs)
-
+    tr = trace_requests(workload, model_id=model_p.name, block_size=bs, rate=rate, time_scale=time_scale, hash=hash,
+                        root_seed=root_seed)
     n = len(workload)
-    prompt = np.asarray(workload.input_length, dtype=np.int64)
-    out_len = np.asarray(workload.output_length, dtype=np.int64)
-    keys_all = seq_keys.tolist()
-    offs = seq_off.tolist()
-    rid = workload.request_id.tolist()
-    tenant, category = _labels(workload.tenant, n), _labels(workload.category, n)
-    turn = workload.turn.tolist() if workload.turn is not None else [-1] * n
-    arr = arrival.tolist()
-    p_list, o_list = prompt.tolist(), np.maximum(out_len, 1).tolist()
-    requests = [
-        Request(
-            request_id=rid[r], prompt_tokens=p_list[r], keys=keys_all[offs[r]:offs[r + 1]],
-            ctx=AccessContext(time=arr[r], seq=r, request_id=rid[r], tenant=tenant[r], category=category[r],
-                              turn=turn[r], prompt_tokens=p_list[r]),
-            row=r, arrival=arr[r], output_length=o_list[r],
-        )
-        for r in range(n)
-    ]
-
-    route = route_requests(keys_all, offs, prompt_full.tolist(), instances, router)
+    route = route_requests(tr.keys, tr.offsets, tr.prompt_full.tolist(), instances, router)
     bar = tqdm(total=n, disable=not progress, desc=f"simulate {policy}", unit="req", mininterval=0.5)
     schedulers: list[Scheduler] = []
     t0 = time.perf_counter()
     try:
         for inst in range(instances):
             rows = np.flatnonzero(route == inst).tolist()
-            reqs = [requests[r] for r in rows]
+            reqs = [tr.requests[r] for r in rows]
             for seq, req in enumerate(reqs):
                 req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
-            pol = make_policy(policy, **(policy_params or {}))
-            if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
-                pol.prepare(_future(reqs, bs, num_keys, hasher.label))
-            manager = KVCacheManager(PrefixCache(capacity, pol, block_size=bs), cache_at=cache_at)
+            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity=capacity,
+                                   block_size=bs, cache_at=cache_at)
             scheduler = Scheduler(
                 manager, CostModelExecutor(cost), SimClock(), max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, fast_forward=fast_forward,
@@ -349,24 +414,9 @@ def simulate(
         bar.close()
     sim_s = time.perf_counter() - t0
 
-    ideal = ideal_hits(keys_all, offs, p_list, o_list, bs)
-    frame = _requests_frame(workload, requests, arrival, prompt, prompt_full, ideal, bs)
-    if instances > 1:
-        frame["instance"] = route
-    block_bytes = bs * model_p.kv_bytes_per_token
-    series = []
-    for inst, scheduler in enumerate(schedulers):
-        ts = scheduler.timeseries()
-        ts.insert(0, "instance", inst)
-        series.append(ts)
-    timeseries = pd.concat(series, ignore_index=True)
-    timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
-    timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
-    summary = _summary(frame, timeseries, schedulers, cost, capacity, bs, scale, config, sim_s)
-    trace = {
-        "name": workload.name, "source": workload.source, "sha256": workload.checksum, "requests": n,
-        "kind": workload.kind, "trace_block_size": workload.block_size,
-    }
+    frame, timeseries, summary, trace = serving_results(
+        workload, tr, schedulers, cost=cost, capacity=capacity, block_size=bs, model=model_p, config=config,
+        seconds=sim_s, route=route if instances > 1 else None)
     return SimResult(frame, timeseries, summary, config, trace, model_p, hw)
 
 
