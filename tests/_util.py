@@ -5,18 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvlab.policies.belady import NEVER, next_use
 from kvlab.workload.workload import from_lists
 
 
-def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):
-    """Prompts from a tiny vocabulary with shared prefixes: lots of hits, duplicates and evictions."""
-    rng = np.random.default_rng(seed)
+def shared_prefix_prompts(rng: np.random.Generator, n: int, vocab: int, max_len: int) -> list[list[int]]:
+    """``n`` prompts from a tiny vocabulary: a prefix of one of 8 random stems, then a short random tail."""
     stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
     prompts = []
     for _ in range(n):
         stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
         tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
         prompts.append(stem + tail)
+    return prompts
+
+
+def random_token_workload(seed: int, n: int = 300, vocab: int = 3, max_len: int = 40):
+    """Prompts from a tiny vocabulary with shared prefixes: lots of hits, duplicates and evictions."""
+    prompts = shared_prefix_prompts(np.random.default_rng(seed), n, vocab, max_len)
     return from_lists(prompts, arrival=np.arange(n, dtype=float))
 
 
@@ -41,17 +47,28 @@ def assert_twin_equal(w, cfg):
     return b
 
 
+def assert_twin_on_random_tokens(policy: str, capacity: int, block_size: int, seed: int, *, min_hits: int = 20):
+    """:func:`assert_twin_equal` on :func:`random_token_workload` ``(seed)`` in both counting modes; a case
+    under pressure (3..24 blocks) must evict more than 50 blocks and one with room (>= 8 blocks) hit more
+    than ``min_hits``, so that every case exercises the policy."""
+    from kvlab.replay import ReplayConfig
+
+    w = random_token_workload(seed)
+    for mode in ("vllm", "ideal"):
+        frame = assert_twin_equal(w, ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode,
+                                                  policy=policy))
+        if 3 <= capacity <= 24:
+            assert frame["evictions"].sum() > 50
+        if capacity >= 8:
+            assert frame["hit_blocks"].sum() > min_hits
+
+
 def random_category_workload(seed: int, n: int = 500, vocab: int = 3, max_len: int = 40, *,
                              long_gap: float = 4.0, turns: bool = False):
     """Shared-prefix prompts with random categories (some missing), optionally turns (-1, 0 .. 14), and
     arrival times on a coarse grid (many ties, gaps up to ``long_gap`` s) starting below zero."""
     rng = np.random.default_rng(seed)
-    stems = [rng.integers(0, vocab, size=rng.integers(0, max_len)).tolist() for _ in range(8)]
-    prompts = []
-    for _ in range(n):
-        stem = stems[rng.integers(len(stems))][: rng.integers(0, max_len)]
-        tail = rng.integers(0, vocab, size=rng.integers(0 if stem else 1, 12)).tolist()
-        prompts.append(stem + tail)
+    prompts = shared_prefix_prompts(rng, n, vocab, max_len)
     arrival = np.cumsum(rng.choice([0.0, 0.0, 0.0, 0.25, 1.5, long_gap], size=n)) - 3.0
     labels = np.array(["chat", "rag", "search", None], dtype=object)[rng.integers(0, 4, size=n)]
     extra = {"turn": rng.integers(-1, 15, size=n)} if turns else {}
@@ -84,3 +101,20 @@ def deep_prefix_workload(seed: int, n: int = 300, depth: int = 120, branch: int 
         stem = trunk[: int(rng.integers(1, depth))]
         prompts.append(stem + rng.integers(0, branch, size=int(rng.integers(0, 8))).tolist())
     return from_lists(prompts, arrival=np.arange(n, dtype=float))
+
+
+# ---------------------------------------------------------------------- libCacheSim traces
+def write_oracle_general(path, keys: np.ndarray) -> None:
+    """libCacheSim's oracleGeneral binary trace: packed (uint32 time, uint64 id, uint32 size, int64 next).
+
+    ``next`` is the index of the object's next access, -1 for none (the reader maps -1 to "never").
+    """
+    n = len(keys)
+    nxt = next_use(np.arange(n + 1), keys)
+    rec = np.zeros(n, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
+    assert rec.dtype.itemsize == 24
+    rec["t"] = np.arange(n)
+    rec["id"] = keys + 1
+    rec["size"] = 1
+    rec["next"] = np.where(nxt == NEVER, -1, nxt)
+    rec.tofile(path)

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _util import assert_twin_equal, conversation_workload, deep_prefix_workload, random_token_workload
+from _util import (
+    assert_twin_equal,
+    assert_twin_on_random_tokens,
+    conversation_workload,
+    deep_prefix_workload,
+    random_token_workload,
+)
 
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
@@ -63,14 +69,7 @@ def test_generic_wrapper_twin_equals_python():
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize(("capacity", "block_size", "seed"), CASES)
 def test_compiled_leaf_equals_python(policy, capacity, block_size, seed):
-    w = random_token_workload(seed)
-    for mode in ("vllm", "ideal"):
-        frame = assert_twin_equal(w, ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode,
-                                                  policy=policy))
-        if 3 <= capacity <= 24:
-            assert frame["evictions"].sum() > 50
-        if capacity >= 8:
-            assert frame["hit_blocks"].sum() > 20
+    assert_twin_on_random_tokens(policy, capacity, block_size, seed)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _util import assert_twin_equal, conversation_workload, deep_prefix_workload, random_token_workload
+from _util import (
+    assert_twin_equal,
+    assert_twin_on_random_tokens,
+    conversation_workload,
+    deep_prefix_workload,
+    random_token_workload,
+)
 
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
@@ -41,14 +47,7 @@ def leaf_events(monkeypatch):
 
 @pytest.mark.parametrize(("capacity", "block_size", "seed"), CASES)
 def test_compiled_pgdsf_equals_python(capacity, block_size, seed):
-    w = random_token_workload(seed)
-    for mode in ("vllm", "ideal"):
-        cfg = ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode, policy="pgdsf")
-        frame = assert_twin_equal(w, cfg)
-        if 3 <= capacity <= 24:
-            assert frame["evictions"].sum() > 50
-        if capacity >= 8:
-            assert frame["hit_blocks"].sum() > 20
+    assert_twin_on_random_tokens("pgdsf", capacity, block_size, seed)
 
 
 @pytest.mark.parametrize("attention_ratio", [0.0, 0.37, 1e6])

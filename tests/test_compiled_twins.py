@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from _util import random_token_workload
+from _util import assert_twin_on_random_tokens, random_token_workload
 
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
@@ -41,14 +41,7 @@ def assert_twin_equal(w, cfg: ReplayConfig) -> pd.DataFrame:
 @pytest.mark.parametrize("policy", TWINS)
 @pytest.mark.parametrize(("capacity", "block_size", "seed"), CASES)
 def test_compiled_twin_equals_python(policy, capacity, block_size, seed):
-    w = random_token_workload(seed)
-    for mode in ("vllm", "ideal"):
-        cfg = ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode, policy=policy)
-        frame = assert_twin_equal(w, cfg)
-        if 3 <= capacity <= 24:
-            assert frame["evictions"].sum() > 50
-        if capacity >= 8:
-            assert frame["hit_blocks"].sum() > 20
+    assert_twin_on_random_tokens(policy, capacity, block_size, seed)
 
 
 PARAMS = [

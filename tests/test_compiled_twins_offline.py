@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from _util import assert_twin_equal, random_token_workload
+from _util import assert_twin_equal, assert_twin_on_random_tokens, random_token_workload, write_oracle_general
 
 from kvlab.cache import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.policies import lfu_decay, make_policy
-from kvlab.policies.belady import NEVER, next_use
+from kvlab.policies.belady import NEVER
 from kvlab.replay import ReplayConfig, replay
 from kvlab.workload import synthetic_chat
 from kvlab.workload.objects import object_sequence
@@ -37,14 +37,7 @@ def irregular(w, seed: int, mean_gap: float = 1.0):
 @pytest.mark.parametrize("policy", TWINS)
 @pytest.mark.parametrize(("capacity", "block_size", "seed"), CASES)
 def test_compiled_twin_equals_python(policy, capacity, block_size, seed):
-    w = random_token_workload(seed)
-    for mode in ("vllm", "ideal"):
-        frame = assert_twin_equal(w, ReplayConfig(capacity_blocks=capacity, block_size=block_size, mode=mode,
-                                                  policy=policy))
-        if 3 <= capacity <= 24:
-            assert frame["evictions"].sum() > 50
-        if capacity >= 8:
-            assert frame["hit_blocks"].sum() > 40
+    assert_twin_on_random_tokens(policy, capacity, block_size, seed, min_hits=40)
 
 
 @pytest.mark.parametrize("clock", ["time", "requests"])
@@ -112,18 +105,6 @@ def test_belady_twin_on_synthetic_chat():
     for mode in ("vllm", "ideal"):
         frame = assert_twin_equal(w, ReplayConfig(capacity_blocks=120, block_size=32, mode=mode, policy="belady"))
         assert frame["evictions"].sum() > 1000 and frame["orphan_evictions"].sum() > 0
-
-
-def write_oracle_general(path, keys: np.ndarray) -> None:
-    """libCacheSim's oracleGeneral binary trace: packed (uint32 time, uint64 id, uint32 size, int64 next)."""
-    n = len(keys)
-    nxt = next_use(np.arange(n + 1), keys)
-    rec = np.zeros(n, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
-    rec["t"] = np.arange(n)
-    rec["id"] = keys + 1
-    rec["size"] = 1
-    rec["next"] = np.where(nxt == NEVER, -1, nxt)
-    rec.tofile(path)
 
 
 @pytest.mark.parametrize("capacity", [2, 10, 40])

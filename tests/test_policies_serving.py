@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from _util import write_oracle_general
 
 from kvlab.cache import AccessContext, KVBlock, PrefixCache
 from kvlab.errors import ConfigError
@@ -288,22 +289,6 @@ def test_prefix_aware_lfu_when_lfu_exists():
 
 
 # ---------------------------------------------------------------------- Belady vs libCacheSim
-
-
-def write_oracle_general(path, keys: np.ndarray) -> None:
-    """libCacheSim's oracleGeneral binary trace: packed (uint32 time, uint64 id, uint32 size, int64 next).
-
-    ``next`` is the index of the object's next access, -1 for none (the reader maps -1 to "never").
-    """
-    n = len(keys)
-    nxt = next_use(np.arange(n + 1), keys)
-    rec = np.zeros(n, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
-    assert rec.dtype.itemsize == 24
-    rec["t"] = np.arange(n)
-    rec["id"] = keys + 1
-    rec["size"] = 1
-    rec["next"] = np.where(nxt == NEVER, -1, nxt)
-    rec.tofile(path)
 
 
 @pytest.mark.parametrize("capacity", [2, 10, 40])
