@@ -381,6 +381,34 @@ def dl_unlink(B, NXT, PRV, x):
     B[PRV, B[NXT, x]] = B[PRV, x]
 
 
+@nb.njit(cache=True)
+def list_append(B, NXT, PRV, L, HEAD, TAIL, k, b):
+    """Lists without sentinels: members linked on rows ``NXT``/``PRV`` of ``B`` (-1 = none), list ``k``'s
+    first and last member at ``L[HEAD, k]`` / ``L[TAIL, k]`` (-1 when empty). Append ``b`` to list ``k``."""
+    t = L[TAIL, k]
+    B[PRV, b] = t
+    B[NXT, b] = -1
+    if t >= 0:
+        B[NXT, t] = b
+    else:
+        L[HEAD, k] = b
+    L[TAIL, k] = b
+
+
+@nb.njit(cache=True)
+def list_unlink(B, NXT, PRV, L, HEAD, TAIL, k, b):
+    """Take member ``b`` out of list ``k`` (as :func:`list_append`)."""
+    prv, nxt = B[PRV, b], B[NXT, b]
+    if prv >= 0:
+        B[NXT, prv] = nxt
+    else:
+        L[HEAD, k] = nxt
+    if nxt >= 0:
+        B[PRV, nxt] = prv
+    else:
+        L[TAIL, k] = prv
+
+
 _LOW63 = 0x7FFFFFFFFFFFFFFF
 
 

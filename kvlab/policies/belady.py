@@ -46,7 +46,7 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies._heap import HeapPolicy
-from kvlab.policies._queues import heap_fix, heap_push_stamped, heap_remove
+from kvlab.policies._queues import heap_fix, heap_push_stamped, heap_remove, list_append, list_unlink
 from kvlab.policies.base import register_policy
 
 NEVER = 1 << 62
@@ -253,16 +253,7 @@ def _see(M, seq):
 def _forget(B, K, M, b):
     """Take evictable block ``b`` out of the heap and its key's list."""
     heap_remove(B, M, H, P, PRI, STAMP, _N, b)
-    k = B[BKEY, b]
-    nxt_b, pb = B[ENXT, b], B[EPRV, b]
-    if pb >= 0:
-        B[ENXT, pb] = nxt_b
-    else:
-        K[KHEAD, k] = nxt_b
-    if nxt_b >= 0:
-        B[EPRV, nxt_b] = pb
-    else:
-        K[KTAIL, k] = pb
+    list_unlink(B, ENXT, EPRV, K, KHEAD, KTAIL, B[BKEY, b], b)
 
 
 @nb.njit(cache=True)
@@ -290,14 +281,7 @@ def _on_unpin(state, b, seq):
     if M[_CUR] > M[_DONE]:
         _advance(state, M[_CUR])
     k = B[BKEY, b]
-    t = K[KTAIL, k]
-    B[EPRV, b] = t
-    B[ENXT, b] = -1
-    if t >= 0:
-        B[ENXT, t] = b
-    else:
-        K[KHEAD, k] = b
-    K[KTAIL, k] = b
+    list_append(B, ENXT, EPRV, K, KHEAD, KTAIL, k, b)
     heap_push_stamped(B, M, H, P, PRI, STAMP, _N, _NEXT, b, NEVER - K[KNEXT, k])
 
 

@@ -45,6 +45,7 @@ from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.policies._leaf import key_arrays
+from kvlab.policies._queues import list_append, list_unlink
 from kvlab.policies.base import EvictionPolicy, make_policy, register_policy
 from kvlab.policies.lfu import LFU
 from kvlab.policies.lru import LRU
@@ -253,25 +254,8 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
     def unpark(B, K, M, b):
         """The wrapper's ``_unpark``: out of its key's group and of the parking order."""
         B[_PARKED, b] = 0
-        prv, nxt = B[_GPRV, b], B[_GNXT, b]
-        k = B[_BKEY, b]
-        if prv >= 0:
-            B[_GNXT, prv] = nxt
-        else:
-            K[_GHEAD, k] = nxt
-        if nxt >= 0:
-            B[_GPRV, nxt] = prv
-        else:
-            K[_GTAIL, k] = prv
-        prv, nxt = B[_OPRV, b], B[_ONXT, b]
-        if prv >= 0:
-            B[_ONXT, prv] = nxt
-        else:
-            M[_OHEAD] = nxt
-        if nxt >= 0:
-            B[_OPRV, nxt] = prv
-        else:
-            M[_OTAIL] = prv
+        list_unlink(B, _GNXT, _GPRV, K, _GHEAD, _GTAIL, B[_BKEY, b], b)
+        list_unlink(B, _ONXT, _OPRV, M.reshape((M.shape[0], 1)), _OHEAD, _OTAIL, 0, b)  # M as one list's ends
 
     @nb.njit(cache=True)
     def on_pin(state, b, seq):
@@ -314,22 +298,8 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
             i_pin(inner_state, b, ctx)
             M[_NIN] -= 1
             B[_PARKED, b] = 1
-            t = K[_GTAIL, k]
-            B[_GPRV, b] = t
-            B[_GNXT, b] = -1
-            if t >= 0:
-                B[_GNXT, t] = b
-            else:
-                K[_GHEAD, k] = b
-            K[_GTAIL, k] = b
-            t = M[_OTAIL]
-            B[_OPRV, b] = t
-            B[_ONXT, b] = -1
-            if t >= 0:
-                B[_ONXT, t] = b
-            else:
-                M[_OHEAD] = b
-            M[_OTAIL] = b
+            list_append(B, _GNXT, _GPRV, K, _GHEAD, _GTAIL, k, b)
+            list_append(B, _ONXT, _OPRV, M.reshape((M.shape[0], 1)), _OHEAD, _OTAIL, 0, b)
         b = M[_OHEAD]  # only parked blocks are evictable: the one parked first
         unpark(B, K, M, b)
         i_unpin(inner_state, b, ctx)
