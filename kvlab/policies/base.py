@@ -21,6 +21,7 @@ Whether per-key state (e.g. frequency) survives eviction is each policy's docume
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable, Sequence
 from typing import ClassVar
 
@@ -115,6 +116,31 @@ def make_policy(name: str | EvictionPolicy, **params: object) -> EvictionPolicy:
     except KeyError:
         raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
     return factory(**params)
+
+
+def resolved_policy_params(name: str | EvictionPolicy, params: dict | None = None) -> dict:
+    """``params`` with every constructor default filled in (the policy part of a run's identity).
+
+    Raises ConfigError for an unknown policy or parameter name. A policy instance passed directly
+    contributes only the given ``params`` (its constructor arguments are not recoverable).
+    """
+    params = dict(params or {})
+    if isinstance(name, EvictionPolicy):
+        return params
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
+    sig = inspect.signature(factory)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return params
+    unknown = sorted(set(params) - set(sig.parameters))
+    if unknown:
+        accepted = ", ".join(sig.parameters) or "none"
+        raise ConfigError(f"policy {name!r}: unknown parameter {unknown[0]!r} (accepted: {accepted})")
+    bound = sig.bind_partial(**params)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def available_policies() -> list[str]:

@@ -25,6 +25,7 @@ from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
+from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
 from kvlab.workload.workload import Workload
 
@@ -78,6 +79,17 @@ class ReplayResult:
 
 def default_block_size(workload: Workload) -> int:
     return workload.block_size if workload.kind == "blocks" else 16
+
+
+def resolve_config(workload: Workload, config: ReplayConfig) -> ReplayConfig:
+    """``config`` with every default that changes numbers filled in: the block size from the workload,
+    the policy's parameters with its constructor defaults. Its ``to_dict()`` is the config part of the
+    run identity (kvlab.results); the capacity is kept as given."""
+    return ReplayConfig(**{
+        **config.to_dict(),
+        "block_size": config.block_size or default_block_size(workload),
+        "policy_params": resolved_policy_params(config.policy, config.policy_params),
+    })
 
 
 def make_hasher(config: ReplayConfig) -> BlockHasher:

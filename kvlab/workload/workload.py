@@ -16,6 +16,7 @@ about 2 GB (int64 ids) plus ~60 bytes per request.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,8 +175,53 @@ class Workload:
         return Workload(**kw)
 
     def head(self, n: int) -> Workload:
-        """The first ``n`` requests."""
-        return self.select(slice(0, n))
+        """The first ``n`` requests (``n >= 1``; ConfigError otherwise)."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            raise ConfigError(f"limit must be a positive number of requests, got {n!r}")
+        return self.select(slice(0, int(n)))
+
+    @property
+    def content_sha256(self) -> str:
+        """sha256 over every column that can change a result (prompts, lengths, arrivals, ids, labels).
+
+        Two workloads with equal content hashes give equal numbers under the same config, whatever
+        their names or source files: a ``head(50)`` and a ``head(2000)`` of one file differ here.
+        Computed once per object (the columns are not mutated after construction).
+        """
+        cached = self.__dict__.get("_content_sha256")
+        if cached is not None:
+            return cached
+        h = hashlib.sha256()
+        h.update(f"kind={self.kind};block_size={self.block_size};n={len(self)}".encode())
+        for name in ("arrival", "input_length", "output_length", "prompt_offsets", "prompt_values",
+                     *INT_COLUMNS, "output_offsets", "output_values"):
+            col = getattr(self, name)
+            h.update(f";{name}=".encode())
+            if col is not None:
+                h.update(np.ascontiguousarray(col).tobytes())
+        for name in CATEGORICAL_COLUMNS:
+            col = getattr(self, name)
+            h.update(f";{name}=".encode())
+            if col is not None:
+                h.update("\x1f".join("" if pd.isna(x) else str(x) for x in col).encode())
+        digest = h.hexdigest()
+        self.__dict__["_content_sha256"] = digest
+        return digest
+
+    def identity(self) -> dict:
+        """The trace part of a run's identity: what the numbers depend on, plus where it came from.
+
+        ``content_sha256`` decides equality; ``file_sha256`` (the source file, before any selection),
+        ``requests`` and ``name`` are recorded for people reading a manifest.
+        """
+        return {
+            "name": self.name,
+            "content_sha256": self.content_sha256,
+            "file_sha256": self.checksum,
+            "requests": len(self),
+            "kind": self.kind,
+            "trace_block_size": self.block_size,
+        }
 
     def to_frame(self) -> pd.DataFrame:
         """Per-request metadata (no prompts) as a tidy frame, one row per request in trace order."""
