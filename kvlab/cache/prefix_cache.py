@@ -35,6 +35,14 @@ if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it l
 COUNTING_MODES = ("vllm", "ideal")
 
 
+def pool_blocks(capacity_blocks: int, demand_blocks: int) -> int:
+    """Blocks to allocate for a cache of ``capacity_blocks``: no more than ``demand_blocks``, an upper bound
+    on the blocks a workload can ever hold at once (e.g. every block it ever allocates), so a capacity of
+    10**12 blocks costs the workload's size, not 10**12 blocks. A pool of at least the demand never evicts,
+    so the numbers equal the full capacity's; drivers record ``capacity_blocks`` unchanged."""
+    return max(1, min(int(capacity_blocks), int(demand_blocks)))
+
+
 @dataclass(slots=True)
 class Admission:
     """What ``admit`` did for one request. ``blocks`` = hit blocks then new blocks, in prompt order."""

@@ -12,14 +12,16 @@ released before the next one, with its prompt only. Two engines give identical r
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
-from kvlab.cache import COUNTING_MODES, AccessContext, PrefixCache
+from kvlab.cache import AccessContext, PrefixCache, pool_blocks
 from kvlab.cache.compiled import ideal_hits_kernel, run_compiled, warm_up
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
@@ -27,39 +29,48 @@ from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
+from kvlab.schema import (
+    BlockSize,
+    CapacityBlocks,
+    CountingMode,
+    HashScheme,
+    Schema,
+    Seed,
+    check_policy_name,
+    check_policy_params,
+)
 from kvlab.workload.workload import Workload
 
 ENGINES = ("auto", "compiled", "python")
+Engine = Literal["auto", "compiled", "python"]
 
 
-@dataclass
-class ReplayConfig:
-    """Everything that determines a replay's numbers (capacity in blocks, block size in tokens)."""
+class ReplayConfig(Schema):
+    """Everything that determines a replay's numbers (capacity in blocks, block size in tokens).
 
-    capacity_blocks: int
-    block_size: int | None = None  # default: the trace's block size (hash traces) or 16 (token traces)
+    Validated at construction (kvlab.schema): ranges, NaN/inf, the policy name and its parameters
+    (checked by the policy) — a bad value raises ConfigError naming the field and its CLI flag.
+    """
+
+    capacity_blocks: CapacityBlocks
+    block_size: BlockSize | None = None  # default: the trace's block size (hash traces) or 16 (token traces)
     policy: str = "lru"
-    policy_params: dict = field(default_factory=dict)
-    hash: str = "xxh3_128"
-    root_seed: int = 0
+    policy_params: dict = Field(default_factory=dict)
+    hash: HashScheme = "xxh3_128"
+    root_seed: Seed = 0
     model_id: str = "kvlab"
-    mode: str = "vllm"  # "vllm" (last prompt token recomputed) or "ideal"
-    engine: str = "auto"
+    mode: CountingMode = "vllm"  # "vllm" (last prompt token recomputed) or "ideal"
+    engine: Engine = "auto"
     verify: bool = False  # verify-tokens-on-hit: count (and refuse) key collisions
-    seed: int = 0
+    seed: Seed = 0
+
+    _policy_known = field_validator("policy")(check_policy_name)
+    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
 
     def validate(self) -> None:
-        if self.capacity_blocks < 1:
-            raise ConfigError(f"capacity_blocks must be >= 1, got {self.capacity_blocks}")
-        if self.mode not in COUNTING_MODES:
-            raise ConfigError(f"mode must be one of {COUNTING_MODES}, got {self.mode!r}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        """Checks that need the policy instance (construction already checked everything else)."""
         if self.engine == "compiled" and make_policy(self.policy, **self.policy_params).compiled is None:
-            raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use engine='python'")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+            raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use engine='python' (--engine python)")
 
 
 @dataclass
@@ -125,16 +136,18 @@ def replay(
         config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
     policy = make_policy(config.policy, **config.policy_params)
     use_compiled = policy.compiled is not None and config.engine != "python"
+    # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
+    pool = pool_blocks(config.capacity_blocks, int(encoded.num_blocks.sum()) + 1)
     compile_s = 0.0
     if use_compiled:
         policy.prepare(encoded)
         params = policy.compiled_params()
-        compile_s = warm_up(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal", params)
+        compile_s = warm_up(policy.compiled, encoded, pool, config.mode == "ideal", params)
     t0 = time.perf_counter()
     if use_compiled:
-        cols = run_compiled(policy.compiled, encoded, config.capacity_blocks, config.mode == "ideal", params)
+        cols = run_compiled(policy.compiled, encoded, pool, config.mode == "ideal", params)
     else:
-        cols = _replay_python(workload, encoded, config, policy, progress)
+        cols = _replay_python(workload, encoded, config, policy, pool, progress)
     replay_s = time.perf_counter() - t0
     ideal = ideal_hits_kernel(
         encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, encoded.block_size,
@@ -165,11 +178,12 @@ def replay(
 
 
 def _replay_python(
-    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, policy: EvictionPolicy, progress: bool
+    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, policy: EvictionPolicy, pool: int,
+    progress: bool,
 ) -> dict[str, np.ndarray]:
     n = len(enc.prompt_tokens)
     policy.prepare(enc)
-    cache = PrefixCache(config.capacity_blocks, policy, block_size=enc.block_size)
+    cache = PrefixCache(pool, policy, block_size=enc.block_size)
     out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
     admitted = np.zeros(n, np.bool_)
     offsets = enc.offsets.tolist()

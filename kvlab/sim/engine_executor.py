@@ -38,12 +38,21 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from kvlab.cache import pool_blocks
 from kvlab.errors import ConfigError
 from kvlab.results import build_manifest, write_results
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.scheduler import Entry, Request, Scheduler, WallClock
-from kvlab.sim.simulator import SimConfig, SimResult, _labels, make_manager, serving_results, trace_requests
+from kvlab.sim.simulator import (
+    SimConfig,
+    SimResult,
+    _labels,
+    make_manager,
+    serving_demand_blocks,
+    serving_results,
+    trace_requests,
+)
 from kvlab.workload.workload import Workload
 
 TIMERS = ("wall", "thread")
@@ -331,7 +340,8 @@ def run_engine_serving(
     hw = load_hardware(hardware)
     bs = engine.block_size
     capacity = int(capacity_blocks or engine.num_blocks)
-    if not 1 <= capacity <= engine.num_blocks:
+    pool = pool_blocks(capacity, serving_demand_blocks(workload, bs))
+    if not 1 <= pool <= engine.num_blocks:
         raise ConfigError(f"capacity_blocks must be in 1..{engine.num_blocks} (the engine's pool), got {capacity}")
     if timer == "thread" and engine.device.type != "cpu":
         raise ConfigError("timer='thread' measures CPU time: use timer='wall' on an accelerator")
@@ -352,7 +362,7 @@ def run_engine_serving(
     executor = EngineExecutor(engine, timer=timer)
     for r, req in enumerate(requests):
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
-    manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity=capacity, block_size=bs,
+    manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity=pool, block_size=bs,
                            cache_at=cache_at)
     bar = tqdm(total=n, disable=not progress, desc=f"engine {policy}", unit="req", mininterval=0.5)
 
@@ -383,7 +393,7 @@ def run_engine_serving(
         calibration="measured", cost_model=f"measured:{model_p.name}@{engine.device}", hardware=str(engine.device),
         forward_calls=executor.forward_calls, wall_seconds=wall,
     )
-    engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": capacity}
+    engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
                                generated=dict(executor.generated))
 

@@ -15,20 +15,31 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
-from kvlab.cache import AccessContext, PrefixCache
-from kvlab.cache.manager import CACHE_AT, KVCacheManager
+from kvlab.cache import AccessContext, PrefixCache, pool_blocks
+from kvlab.cache.manager import KVCacheManager
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.results import build_manifest, write_results
+from kvlab.schema import (
+    BlockSize,
+    CapacityBlocks,
+    HashScheme,
+    Schema,
+    Seed,
+    check_policy_name,
+    check_policy_params,
+)
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, kv_pool_blocks, load_hardware, load_model
 from kvlab.sim.scheduler import Entry, Request, RequestStatus, Scheduler, SimClock
@@ -49,52 +60,46 @@ class CostModelExecutor:
         return self.cost.decode_durations(contexts, steps)
 
 
-@dataclass
-class SimConfig:
-    """Everything that determines a simulation's numbers (profiles by name or path; see :func:`simulate`)."""
+class SimConfig(Schema):
+    """Everything that determines a simulation's numbers (profiles by name or path; see :func:`simulate`).
 
-    model: str = "llama-3-8b"
-    hardware: str = "h100"
+    Validated at construction (kvlab.schema): a bad value raises ConfigError naming the field, its CLI
+    flag and the allowed range. Units: capacity in blocks per instance, rate in requests/s.
+    """
+
+    model: Annotated[str, Field(min_length=1)] = "llama-3-8b"
+    hardware: Annotated[str, Field(min_length=1)] = "h100"
     policy: str = "lru"
-    policy_params: dict = field(default_factory=dict)
-    capacity_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    rate: float | None = None
-    time_scale: float = 1.0
-    block_size: int | None = None
-    tensor_parallel: int = 1
+    policy_params: dict = Field(default_factory=dict)
+    capacity_blocks: CapacityBlocks | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_num_seqs: Annotated[int, Field(ge=1, le=1 << 20)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 24)] = 8192
+    rate: Annotated[float, Field(ge=1e-9, le=1e9)] | None = None
+    time_scale: Annotated[float, Field(ge=1e-9, le=1e9)] = 1.0
+    block_size: BlockSize | None = None
+    tensor_parallel: Annotated[int, Field(ge=1, le=1024)] = 1
     dtype: str | None = None
     kv_dtype: str | None = None
-    cache_at: str = "schedule"
-    hash: str = "xxh3_128"
-    root_seed: int = 0
+    cache_at: Literal["schedule", "compute"] = "schedule"
+    hash: HashScheme = "xxh3_128"
+    root_seed: Seed = 0
     fast_forward: bool = True
-    instances: int = 1
-    router: str = "prefix"
-    seed: int = 0
+    instances: Annotated[int, Field(ge=1, le=4096)] = 1
+    router: Literal["prefix", "round_robin"] = "prefix"
+    seed: Seed = 0
+
+    _policy_known = field_validator("policy")(check_policy_name)
+    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
+
+    @model_validator(mode="after")
+    def _rate_or_time_scale(self) -> SimConfig:
+        if self.rate is not None and self.time_scale != 1.0:
+            raise ValueError("give either rate (--rate) or time_scale (--time-scale), not both")
+        return self
 
     def validate(self) -> None:
-        if self.capacity_blocks is not None and self.capacity_blocks < 1:
-            raise ConfigError(f"capacity_blocks must be >= 1, got {self.capacity_blocks}")
-        if self.rate is not None and self.rate <= 0:
-            raise ConfigError(f"rate must be > 0 requests/s, got {self.rate}")
-        if not self.time_scale > 0:
-            raise ConfigError(f"time_scale must be > 0, got {self.time_scale}")
-        if self.rate is not None and self.time_scale != 1.0:
-            raise ConfigError("give either rate or time_scale, not both")
-        if self.cache_at not in CACHE_AT:
-            raise ConfigError(f"cache_at must be one of {CACHE_AT}, got {self.cache_at!r}")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ConfigError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if self.instances < 1:
-            raise ConfigError(f"instances must be >= 1, got {self.instances}")
-        if self.router not in ROUTERS:
-            raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+        """Kept for callers: construction already validated every field."""
 
 
 @dataclass
@@ -296,6 +301,14 @@ def trace_requests(workload: Workload, *, model_id: str, block_size: int, rate: 
     return TraceRequests(requests, arrival, scale, keys, offs, prompt, prompt_full, num_keys, hasher.label)
 
 
+def serving_demand_blocks(workload: Workload, block_size: int) -> int:
+    """An upper bound on the blocks serving ``workload`` can hold at once: every block of every request's
+    prompt and output (outputs of 0 are served as 1 token), plus one. A pool this large never evicts or
+    preempts, so it gives the numbers of any larger capacity (see :func:`kvlab.cache.pool_blocks`)."""
+    tokens = workload.input_length + np.maximum(workload.output_length, 1)
+    return int((-(-tokens // block_size)).sum()) + 1
+
+
 def make_manager(requests: list[Request], trace: TraceRequests, *, policy: str, policy_params: dict | None,
                  capacity: int, block_size: int, cache_at: str) -> KVCacheManager:
     """A cold KV manager over ``capacity`` blocks with a fresh ``policy`` for ``requests`` (one instance's, in
@@ -370,24 +383,24 @@ def simulate(
     parallel, one pool and scheduler each); ``router`` assigns requests to them (:func:`route_requests`).
     Output lengths of 0 are served as 1 token (a request samples at least one).
     """
-    model_p = load_model(model, dtype=dtype, kv_dtype=kv_dtype)
-    hw = load_hardware(hardware)
     config = SimConfig(
-        model=model_p.name if isinstance(model, ModelProfile) else str(model),
-        hardware=hw.name if isinstance(hardware, HardwareProfile) else str(hardware),
+        model=model.name if isinstance(model, ModelProfile) else str(model),
+        hardware=hardware.name if isinstance(hardware, HardwareProfile) else str(hardware),
         policy=policy, policy_params=dict(policy_params or {}), capacity_blocks=capacity_blocks,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, rate=rate, time_scale=time_scale, block_size=block_size,
         tensor_parallel=tensor_parallel, dtype=dtype, kv_dtype=kv_dtype, cache_at=cache_at, hash=hash,
         root_seed=root_seed, fast_forward=fast_forward, instances=instances, router=router, seed=seed,
-    )
-    config.validate()
+    )  # validates every field before any work
+    model_p = load_model(model, dtype=dtype, kv_dtype=kv_dtype)
+    hw = load_hardware(hardware)
     bs = block_size or (workload.block_size if workload.kind == "blocks" else 16)
     cost = CostModel(model_p, hw, tensor_parallel=tensor_parallel)
     capacity = capacity_blocks or kv_pool_blocks(
         model_p, hw, bs, gpu_memory_utilization=gpu_memory_utilization, tensor_parallel=tensor_parallel,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
     )
+    pool = pool_blocks(capacity, serving_demand_blocks(workload, bs))
     tr = trace_requests(workload, model_id=model_p.name, block_size=bs, rate=rate, time_scale=time_scale, hash=hash,
                         root_seed=root_seed)
     n = len(workload)
@@ -401,7 +414,7 @@ def simulate(
             reqs = [tr.requests[r] for r in rows]
             for seq, req in enumerate(reqs):
                 req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
-            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity=capacity,
+            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity=pool,
                                    block_size=bs, cache_at=cache_at)
             scheduler = Scheduler(
                 manager, CostModelExecutor(cost), SimClock(), max_num_seqs=max_num_seqs,
