@@ -30,3 +30,15 @@ class CapacityError(KvlabError, RuntimeError):
 
 class DownloadError(KvlabError, RuntimeError):
     """A public trace could not be fetched (offline, checksum mismatch, unknown name)."""
+
+
+class TraceFileError(TraceFormatError):
+    """A trace path cannot be read as a file (missing, a directory, permission denied); ``line`` is None."""
+
+
+class ChecksumError(DownloadError):
+    """A trace file's size or sha256 differs from the registry's. Carries ``path``, ``expected``, ``actual``."""
+
+    def __init__(self, path: str, expected: str | None, actual: str, message: str) -> None:
+        self.path, self.expected, self.actual = str(path), expected, actual
+        super().__init__(message)

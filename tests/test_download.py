@@ -5,17 +5,29 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import io
+import json
 import os
 import socket
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import kvlab.workload.registry as registry
-from kvlab.errors import ConfigError, DownloadError
+from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError
 from kvlab.workload import download, load_trace, resolve_trace
-from kvlab.workload.registry import FORMATS, TRACES, fetch, find_local, trace_cache_dir
+from kvlab.workload.registry import (
+    FORMATS,
+    TRACES,
+    VERIFY_CACHE,
+    fetch,
+    file_sha256,
+    find_local,
+    trace_cache_dir,
+    verify_local,
+)
 
 PAYLOAD = b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n' * 50
 
@@ -83,10 +95,13 @@ def test_download_success_then_cached(server, isolated, monkeypatch, closed_url)
     name = register(monkeypatch, f"{server}/trace.jsonl")
     path = download(name, progress=False)
     assert path == cache / "kvlab_test_trace.jsonl" and path.read_bytes() == PAYLOAD
-    assert sorted(p.name for p in cache.iterdir()) == ["kvlab_test_trace.jsonl"]
-    # Second call: served from the cache, no network (the URL now points at a closed port).
+    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE, "kvlab_test_trace.jsonl"]
+    # Second call: served from the cache, no network (the URL now points at a closed port), and no
+    # re-hash either: the download recorded the verified sha256.
     register(monkeypatch, closed_url)
+    hashed = count_hashing(monkeypatch)
     assert download(name) == path
+    assert hashed == []
     w = load_trace(name)
     assert len(w) == 50 and w.name == "test_trace" and w.block_size == 512
 
@@ -148,21 +163,192 @@ def test_local_search_path_first(isolated, monkeypatch, closed_url, tmp_path):
         download(name, force=True, timeout=5)
 
 
-def test_local_copy_with_wrong_size_is_ignored(isolated, monkeypatch, closed_url):
-    _, dirs = isolated
+def count_hashing(monkeypatch) -> list[Path]:
+    """Record every full-file hash the registry computes (the list grows with each one)."""
+    calls: list[Path] = []
+    real = registry.sha256_file
+
+    def counting(path, *a, **kw):
+        calls.append(Path(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(registry, "sha256_file", counting)
+    return calls
+
+
+@pytest.mark.parametrize("bad", [PAYLOAD[:-1], PAYLOAD[:-2] + b"7\n"], ids=["truncated", "same-size-corrupt"])
+def test_local_copy_mismatch_is_an_error(isolated, monkeypatch, closed_url, bad):
+    cache, dirs = isolated
     name = register(monkeypatch, closed_url)
-    (dirs / "kvlab_test_trace.jsonl").write_bytes(PAYLOAD[:-1])
-    with pytest.warns(UserWarning, match="ignoring"):
-        assert find_local(name) is None
-    with pytest.warns(UserWarning), pytest.raises(DownloadError):
-        download(name, timeout=5)
+    local = dirs / "kvlab_test_trace.jsonl"
+    local.write_bytes(bad)
+    for call in (lambda: find_local(name), lambda: download(name, timeout=5), lambda: load_trace(name)):
+        with pytest.raises(ChecksumError) as ei:
+            call()
+        e = ei.value
+        assert e.path == str(local) and e.expected == TRACES[name]["sha256"]
+        assert e.actual == hashlib.sha256(bad).hexdigest()
+        msg = str(e)
+        assert str(local) in msg and e.expected in msg and e.actual in msg and "\n" not in msg
+    assert isinstance(e, DownloadError)
+    # A good copy in the cache does not hide the bad one: the first copy found must be right.
+    cache.mkdir(exist_ok=True)
+    (cache / "kvlab_test_trace.jsonl").write_bytes(PAYLOAD)
+    with pytest.raises(ChecksumError):
+        download(name)
+    local.unlink()
+    assert download(name) == cache / "kvlab_test_trace.jsonl"
+
+
+def test_local_copy_hash_is_cached(isolated, monkeypatch, closed_url):
+    cache, dirs = isolated
+    name = register(monkeypatch, closed_url)
+    local = dirs / "kvlab_test_trace.jsonl"
+    local.write_bytes(PAYLOAD)
+    hashed = count_hashing(monkeypatch)
+    assert download(name) == local and hashed == [local]
+    assert download(name) == local and find_local(name) == local and hashed == [local]  # cache hits
+    record = json.loads((cache / VERIFY_CACHE).read_text())[str(local.resolve())]
+    assert record["sha256"] == hashlib.sha256(PAYLOAD).hexdigest() and record["size"] == len(PAYLOAD)
+    # Rewriting the file (new mtime) invalidates the entry: the corrupt copy is re-hashed and refused.
+    local.write_bytes(PAYLOAD[:-2] + b"7\n")
+    os.utime(local, ns=(1, 1))
+    with pytest.raises(ChecksumError):
+        download(name)
+    assert len(hashed) == 2
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"", b"{not json", b"[1, 2]", b'{"x": 5}', b"\xff\xfe", b"[" * 100_000, b'{"a": 1, "a": 2}']
+)
+def test_corrupt_verify_cache_is_tolerated(isolated, monkeypatch, closed_url, garbage):
+    cache, dirs = isolated
+    name = register(monkeypatch, closed_url)
+    local = dirs / "kvlab_test_trace.jsonl"
+    local.write_bytes(PAYLOAD)
+    cache.mkdir()
+    (cache / VERIFY_CACHE).write_bytes(garbage)
+    hashed = count_hashing(monkeypatch)
+    assert download(name) == local and len(hashed) == 1
+    assert download(name) == local and len(hashed) == 1  # the cache was rewritten, valid
+    # A forged entry with a wrong digest is only a cache: the file still has to match the registry.
+    key = str(local.resolve())
+    entries = json.loads((cache / VERIFY_CACHE).read_text())
+    entries[key]["sha256"] = "0" * 64
+    (cache / VERIFY_CACHE).write_text(json.dumps(entries))
+    with pytest.raises(ChecksumError):
+        download(name)
+    entries[key]["sha256"] = 17  # not even a string: ignored, re-hashed
+    (cache / VERIFY_CACHE).write_text(json.dumps(entries))
+    assert download(name) == local
+
+
+def test_unwritable_verify_cache_only_costs_a_rehash(isolated, monkeypatch, closed_url, tmp_path):
+    _, dirs = isolated
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("KVLAB_CACHE", str(blocker / "cache"))  # mkdir fails: a file is in the way
+    name = register(monkeypatch, closed_url)
+    local = dirs / "kvlab_test_trace.jsonl"
+    local.write_bytes(PAYLOAD)
+    hashed = count_hashing(monkeypatch)
+    assert download(name) == local and download(name) == local and len(hashed) == 2
+    assert file_sha256(local) == hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def test_verify_local_without_known_checksums(isolated, monkeypatch, closed_url, tmp_path):
+    name = register(monkeypatch, closed_url, size=None, sha256=None, sha256_prefix=None)
+    f = tmp_path / "anything.jsonl"
+    f.write_bytes(b"whatever")
+    hashed = count_hashing(monkeypatch)
+    assert verify_local(name, f) == f and hashed == []
+    name = register(monkeypatch, closed_url, size=None, sha256=None, sha256_prefix="ffff")
+    with pytest.raises(ChecksumError, match="start with the expected ffff"):
+        verify_local(name, f)
+
+
+class _FakeResponse(io.BytesIO):
+    """What ``urllib.request.urlopen`` returns, enough for :func:`fetch`."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.headers = {"Content-Length": str(len(data))}
+
+
+def test_fetch_with_mocked_opener_verifies_before_rename(isolated, monkeypatch):
+    cache, _ = isolated
+    served = {"data": PAYLOAD}
+    urls: list[str] = []
+
+    def fake_urlopen(url, timeout=None):
+        urls.append(url)
+        return _FakeResponse(served["data"])
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    name = register(monkeypatch, "https://example.invalid/kvlab_test_trace.jsonl")
+    hashed = count_hashing(monkeypatch)
+    path = download(name, progress=False)
+    assert path.read_bytes() == PAYLOAD and urls == ["https://example.invalid/kvlab_test_trace.jsonl"]
+    assert load_trace(name).checksum == hashlib.sha256(PAYLOAD).hexdigest() and hashed == []
+    # A corrupted transfer of the right size is refused; the verified copy in the cache stays.
+    served["data"] = PAYLOAD[:-2] + b"7\n"
+    with pytest.raises(DownloadError, match="checksum mismatch"):
+        download(name, force=True, progress=False)
+    assert path.read_bytes() == PAYLOAD
+    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE, "kvlab_test_trace.jsonl"]
 
 
 def test_unknown_names(isolated):
     with pytest.raises(DownloadError, match="known: .*mooncake_conversation"):
         download("no_such_trace")
+    with pytest.raises(DownloadError, match="did you mean 'mooncake_synthetic'"):
+        download("mooncake_synthtic")
     with pytest.raises(ConfigError, match="neither a file nor a known trace"):
         resolve_trace("no_such_trace")
+    with pytest.raises(ConfigError, match="did you mean 'alibaba_traceA'"):
+        load_trace("alibaba_tracea")
+    with pytest.raises(ConfigError, match="no such file"):
+        load_trace("some/dir/trace.jsonl")
+
+
+def test_load_trace_user_mistakes(tmp_path, monkeypatch):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [3]}\n')
+    with pytest.raises(ConfigError, match="unknown trace format 'mooncak' \\(did you mean 'mooncake'\\?\\)"):
+        load_trace(f, format="mooncak")
+    with pytest.raises(ConfigError, match="unknown trace format 7"):
+        load_trace(f, format=7)
+    with pytest.raises(ConfigError, match="takes no option 'block_size'"):
+        load_trace(f, block_size=16)
+    with pytest.raises(ConfigError, match="registry name or a file path"):
+        load_trace(3.5)
+    with pytest.raises(TraceFileError, match="is a directory") as ei:
+        load_trace(tmp_path)
+    assert ei.value.path == str(tmp_path) and ei.value.line is None
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceFileError, match="not a regular file"):  # not a hang
+        load_trace(fifo, format="mooncake")
+    real_read = Path.read_bytes
+
+    def denied(self):
+        if self == f:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(TraceFileError, match="permission denied") as ei:
+        load_trace(f, format="mooncake")
+    assert ei.value.path == str(f)
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+        if Path(p) == f
+        else real_open(p, *a, **k),
+    )
+    with pytest.raises(TraceFileError, match="permission denied"):
+        load_trace(f)  # format detection opens the file first
 
 
 def test_cache_dir_defaults(monkeypatch, tmp_path):
@@ -195,11 +381,16 @@ def test_registry_entries_are_complete():
         "alibaba_coder",
         "alibaba_thinking",
     } <= set(TRACES)
+    size_unknown = {"mooncake_toolagent", "mooncake_arxiv"}  # published nowhere we could read
     for name, e in TRACES.items():
         assert set(e) == keys, name
         assert e["format"] in FORMATS and e["url"].startswith("https://") and e["url"].endswith(e["filename"])
-        if e["sha256"]:
-            assert len(e["sha256"]) == 64 and e["sha256"].startswith(e["sha256_prefix"] or "")
+        sha = e["sha256"]
+        assert type(sha) is str and len(sha) == 64 and int(sha, 16) >= 0 and sha == sha.lower(), name
+        assert sha.startswith(e["sha256_prefix"] or ""), name
+        assert (e["size"] is None) == (name in size_unknown), name
+        assert e["size"] is None or (type(e["size"]) is int and e["size"] > 0)
+    assert len({e["sha256"] for e in TRACES.values()}) == len(TRACES)
     assert registry.KNOWN_TRACES is TRACES
 
 

@@ -2,7 +2,11 @@
 
 Every validation failure raises :class:`~kvlab.errors.TraceFormatError` with the file, the 1-based line
 and the field. Integers must be JSON integers (``true``, ``"12"`` and ``12.0`` are rejected); numbers
-(timestamps in seconds) may be integers or floats but never booleans, NaN or infinite.
+(timestamps in seconds) may be integers or floats but never booleans, NaN or infinite. A file that
+cannot be read at all raises :class:`~kvlab.errors.TraceFileError` (a TraceFormatError without a line).
+
+Token counts (``input_length``, ``output_length``, block sizes) are capped at ``MAX_REQUEST_TOKENS``, so
+a record that claims 10**15 tokens is refused with its field named instead of being allocated later.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +24,44 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from kvlab.errors import TraceFormatError
+from kvlab.errors import ConfigError, TraceFileError, TraceFormatError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_REQUEST_TOKENS = 2**28  # 268 M tokens: far beyond any model's context, and 2 GiB as expanded int64 ids
 _MISSING = object()
+_BOM = "\ufeff"
+
+
+def read_trace_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of trace file ``path``; a missing file, a directory or an unreadable file is a TraceFileError."""
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(p.stat().st_mode) and not p.is_dir():
+            raise TraceFileError(str(path), None, None, "is not a regular file (a pipe or device?)")
+        return p.read_bytes()
+    except (OSError, ValueError) as e:
+        raise trace_file_error(path, e) from None
+
+
+def trace_file_error(path: str | os.PathLike, e: OSError | ValueError) -> TraceFileError:
+    """The one-line TraceFileError for an OSError (or a ValueError for a bad path) while opening ``path``."""
+    if isinstance(e, IsADirectoryError):
+        return TraceFileError(str(path), None, None, "is a directory, not a trace file")
+    if isinstance(e, FileNotFoundError):
+        return TraceFileError(str(path), None, None, "no such file")
+    if isinstance(e, PermissionError):
+        return TraceFileError(str(path), None, None, "permission denied: cannot read this file")
+    if isinstance(e, OSError):
+        return TraceFileError(str(path), None, None, f"cannot read: {e.strerror or type(e).__name__}")
+    return TraceFileError(ascii(str(path)), None, None, f"not a usable path ({e})")  # e.g. a NUL byte
+
+
+def field_label(key: str) -> str:
+    """``key`` as it may appear in a one-line message: printable and at most 40 characters."""
+    if key.isprintable() and len(key) <= 40:
+        return key
+    text = ascii(key)[1:-1] if not key.isprintable() else key
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -60,36 +99,85 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-_decode = json.JSONDecoder().decode
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` that refuses an object naming one key twice (which value would count?)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return obj
+
+
+_decode = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
+
+
+def parse_json_text(path: str, ln: int | None, text: str | bytes) -> Any:
+    """One JSON document (a line, a file, a metadata blob) or a TraceFormatError at ``path:ln``.
+
+    A leading UTF-8 byte-order mark is ignored; duplicate keys, non-UTF-8 bytes, integer literals beyond
+    Python's digit limit and nesting too deep to parse are errors like any other invalid JSON.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(path, ln, None, f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    if text.startswith(_BOM):
+        text = text[1:]
+    try:
+        return _decode(text)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(
+            path, ln, None, f"invalid JSON ({e.msg} at column {e.colno}); truncated or corrupt line?"
+        ) from None
+    except _DuplicateKey as e:
+        raise TraceFormatError(path, ln, field_label(e.key), "duplicate key in one JSON object") from None
+    except RecursionError:
+        raise TraceFormatError(path, ln, None, "invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
+        raise TraceFormatError(path, ln, None, f"invalid JSON ({str(e).splitlines()[0][:200]})") from None
 
 
 def iter_json_lines(path: str, data: bytes) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_no, object)`` for each non-blank line; a line that is not a JSON object is an error."""
+    """Yield ``(line_no, object)`` for each non-blank line; a line that is not a JSON object is an error.
+
+    Lines end in LF or CRLF; a UTF-8 byte-order mark at the start of the file is ignored.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         ln = data.count(b"\n", 0, e.start) + 1
         raise TraceFormatError(path, ln, None, f"not UTF-8 ({e.reason})") from None
+    if text.startswith(_BOM):
+        text = text[1:]
     for ln, raw in enumerate(text.split("\n"), 1):
         if not raw or raw.isspace():
             continue
-        try:
-            obj = _decode(raw)
-        except json.JSONDecodeError as e:
-            raise TraceFormatError(
-                path, ln, None, f"invalid JSON ({e.msg} at column {e.colno}); truncated or corrupt line?"
-            ) from None
-        except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
-            raise TraceFormatError(path, ln, None, f"invalid JSON ({e})") from None
+        obj = parse_json_text(path, ln, raw)
         if type(obj) is not dict:
             raise TraceFormatError(path, ln, None, f"expected a JSON object, got {describe(obj)}")
         yield ln, obj
 
 
 def get_int(
-    path: str, ln: int | None, obj: dict, key: str, *, min_value: int | None = None, default: Any = _MISSING
+    path: str,
+    ln: int | None,
+    obj: dict,
+    key: str,
+    *,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    default: Any = _MISSING,
 ) -> int:
-    """``obj[key]`` as a JSON integer (not bool/str/float) within int64 and ``>= min_value``."""
+    """``obj[key]`` as a JSON integer (not bool/str/float) within int64, ``>= min_value``, ``<= max_value``."""
     v = obj.get(key, _MISSING)
     if v is _MISSING:
         if default is _MISSING:
@@ -98,10 +186,29 @@ def get_int(
     if type(v) is not int:
         raise TraceFormatError(path, ln, key, f"expected an integer, got {describe(v)}")
     if min_value is not None and v < min_value:
-        raise TraceFormatError(path, ln, key, f"must be >= {min_value}, got {v}")
+        raise TraceFormatError(path, ln, key, f"must be >= {min_value}, got {_short_int(v)}")
+    if max_value is not None and v > max_value:
+        raise TraceFormatError(path, ln, key, f"must be <= {max_value:,}, got {_short_int(v)}")
     if v > INT64_MAX or v < INT64_MIN:
-        raise TraceFormatError(path, ln, key, f"{v} does not fit in int64")
+        raise TraceFormatError(path, ln, key, f"{_short_int(v)} does not fit in int64")
     return v
+
+
+def get_length(path: str, ln: int | None, obj: dict, key: str, *, default: Any = _MISSING) -> int:
+    """A token count: a JSON integer in ``[0, MAX_REQUEST_TOKENS]``."""
+    return get_int(path, ln, obj, key, min_value=0, max_value=MAX_REQUEST_TOKENS, default=default)
+
+
+def block_size_arg(where: str, value: Any) -> int:
+    """A loader's ``block_size`` argument: an int in ``[1, MAX_REQUEST_TOKENS]``, else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_REQUEST_TOKENS:
+        raise ConfigError(f"{where}: block_size must be an int in [1, {MAX_REQUEST_TOKENS:,}], got {value!r}")
+    return int(value)
+
+
+def _short_int(v: int) -> str:
+    text = str(v)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def get_number(path: str, ln: int, obj: dict, key: str) -> float:
@@ -143,9 +250,9 @@ def check_int_list(path: str, ln: int | None, key: str, v: Any, *, min_value: in
         raise TraceFormatError(path, ln, key, f"expected a list of integers, found {describe(bad)}")
     lo, hi = min(v), max(v)
     if lo < min_value:
-        raise TraceFormatError(path, ln, key, f"values must be >= {min_value}, found {lo}")
+        raise TraceFormatError(path, ln, key, f"values must be >= {min_value}, found {_short_int(lo)}")
     if hi > INT64_MAX:
-        raise TraceFormatError(path, ln, key, f"value {hi} does not fit in int64")
+        raise TraceFormatError(path, ln, key, f"value {_short_int(hi)} does not fit in int64")
     return v
 
 

@@ -24,14 +24,17 @@ import pandas as pd
 
 from kvlab.errors import ConfigError, TraceFormatError
 from kvlab.workload._common import (
+    block_size_arg,
     check_block_count,
     csr,
     get_int,
     get_int_list,
+    get_length,
     get_number,
     get_str,
     int_array,
     iter_json_lines,
+    read_trace_bytes,
     sha256_bytes,
 )
 from kvlab.workload.workload import Workload, _gather_ranges
@@ -92,9 +95,10 @@ def load_alibaba(
     """Load an Alibaba Bailian JSONL trace as a ``kind="blocks"`` Workload (ids chained on load).
 
     Validation as for Mooncake: every field present and typed (ints are JSON integers; ``timestamp`` a
-    finite number; ``type`` a string), lengths >= 0, ``len(hash_ids) == ceil(input_length / block_size)``,
-    ``chat_id`` unique, ``parent_chat_id`` -1 or another request's id, no parent cycles, timestamps
-    non-decreasing. Errors raise ``TraceFormatError(path, line, field, msg)``.
+    finite number; ``type`` a string), lengths in ``[0, MAX_REQUEST_TOKENS]``, no key twice,
+    ``len(hash_ids) == ceil(input_length / block_size)``, ``chat_id`` unique, ``parent_chat_id`` -1 or
+    another request's id, no parent cycles, timestamps non-decreasing. Errors raise
+    ``TraceFormatError(path, line, field, msg)``; an unreadable path ``TraceFileError``.
 
     ``sort=True`` stably sorts rows by timestamp instead of rejecting a file whose timestamps go
     backwards (the public files and the 20-record sample are sorted, so the default is strict).
@@ -104,10 +108,9 @@ def load_alibaba(
     Columns: ``request_id`` = chat_id, ``category`` = type, ``turn``, ``session`` and ``parent`` as in the
     module docstring; ``arrival`` = timestamp (s).
     """
-    if block_size <= 0:
-        raise ConfigError(f"load_alibaba: block_size must be a positive int, got {block_size}")
+    block_size = block_size_arg("load_alibaba", block_size)
     p = str(path)
-    data = Path(path).read_bytes()
+    data = read_trace_bytes(path)
     chat: list[int] = []
     parent_id: list[int] = []
     ts: list[float] = []
@@ -125,8 +128,8 @@ def load_alibaba(
         if pid == cid:
             raise TraceFormatError(p, ln, "parent_chat_id", f"request {cid} names itself as its parent")
         t = get_number(p, ln, obj, "timestamp")
-        il = get_int(p, ln, obj, "input_length", min_value=0)
-        ol = get_int(p, ln, obj, "output_length", min_value=0)
+        il = get_length(p, ln, obj, "input_length")
+        ol = get_length(p, ln, obj, "output_length")
         typ = get_str(p, ln, obj, "type")
         turn = get_int(p, ln, obj, "turn", min_value=0)
         ids = get_int_list(p, ln, obj, "hash_ids")

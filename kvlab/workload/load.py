@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 
+from kvlab.errors import ConfigError
 from kvlab.workload.alibaba import load_alibaba
 from kvlab.workload.mooncake import load_mooncake
 from kvlab.workload.native import load_jsonl, load_parquet
@@ -26,9 +28,21 @@ def load_trace(name_or_path: str | os.PathLike, format: str | None = None, **kw:
     is the registry's format for a name, else detected from the file name, Parquet magic bytes or the
     first line's keys. ``kw`` goes to the loader (``name``, ``block_size``, ``sort``, ``tokenizer``...).
     A registry trace is named after its registry key unless ``name`` is given.
+
+    Every user mistake raises a :class:`~kvlab.errors.KvlabError` before any work: an unknown format or
+    loader option (:class:`ConfigError`), an unknown trace name (with the closest match), a path that is
+    a directory or unreadable (:class:`TraceFileError`), a malformed file (:class:`TraceFormatError`
+    naming file, line and field) or a registry copy whose checksum differs (:class:`ChecksumError`).
     """
     path, fmt = resolve_trace(name_or_path, format=format)
-    key = os.fspath(name_or_path)
+    loader = LOADERS[fmt]
+    accepted = [n for n, prm in inspect.signature(loader).parameters.items() if prm.kind is prm.KEYWORD_ONLY]
+    unknown = sorted(set(kw) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"the {fmt} loader takes no option {unknown[0]!r} (its options: {', '.join(accepted)})"
+        )
+    key = os.fsdecode(name_or_path)
     if key in TRACES and "name" not in kw:
         kw["name"] = key
-    return LOADERS[fmt](path, **kw)
+    return loader(path, **kw)

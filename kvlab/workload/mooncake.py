@@ -19,8 +19,10 @@ from kvlab.workload._common import (
     csr,
     get_int,
     get_int_list,
+    get_length,
     int_array,
     iter_json_lines,
+    read_trace_bytes,
     sha256_bytes,
 )
 from kvlab.workload.workload import Workload
@@ -31,14 +33,15 @@ MOONCAKE_BLOCK_SIZE = 512
 def load_mooncake(path: str | os.PathLike, *, name: str | None = None) -> Workload:
     """Load a Mooncake JSONL trace as a ``kind="blocks"`` Workload with ``block_size=512``.
 
-    Per line: ``timestamp`` (int, ms, non-decreasing), ``input_length``/``output_length`` (ints >= 0) and
-    ``hash_ids`` (list of ints >= 0, exactly ``ceil(input_length / 512)`` of them). Blank lines are
-    skipped; unknown keys are ignored. Any violation raises ``TraceFormatError(path, line, field, msg)``.
+    Per line: ``timestamp`` (int, ms, non-decreasing), ``input_length``/``output_length`` (ints in
+    ``[0, MAX_REQUEST_TOKENS]``) and ``hash_ids`` (list of ints >= 0, exactly ``ceil(input_length / 512)``
+    of them). Blank lines are skipped; unknown keys are ignored; a key given twice is an error. Any
+    violation raises ``TraceFormatError(path, line, field, msg)``; an unreadable path ``TraceFileError``.
     ``arrival = timestamp / 1000`` seconds; ``checksum`` is the sha256 of the file; ``name`` defaults
     to the file stem. The 12,031-line conversation trace loads in about 0.2 s.
     """
     p = str(path)
-    data = Path(path).read_bytes()
+    data = read_trace_bytes(path)
     ts: list[int] = []
     in_len: list[int] = []
     out_len: list[int] = []
@@ -48,8 +51,8 @@ def load_mooncake(path: str | os.PathLike, *, name: str | None = None) -> Worklo
     bs = MOONCAKE_BLOCK_SIZE
     for ln, obj in iter_json_lines(p, data):
         t = get_int(p, ln, obj, "timestamp")
-        il = get_int(p, ln, obj, "input_length", min_value=0)
-        ol = get_int(p, ln, obj, "output_length", min_value=0)
+        il = get_length(p, ln, obj, "input_length")
+        ol = get_length(p, ln, obj, "output_length")
         ids = get_int_list(p, ln, obj, "hash_ids")
         check_block_count(p, ln, "hash_ids", len(ids), il, bs)
         if prev_t is not None and t < prev_t:

@@ -40,21 +40,27 @@ import pyarrow.parquet as pq
 
 from kvlab.errors import ConfigError, TraceFormatError
 from kvlab.workload._common import (
+    INT64_MAX,
+    MAX_REQUEST_TOKENS,
     Tokenizer,
     atomic_open,
     atomic_path,
+    block_size_arg,
     check_block_count,
     check_int_list,
     csr,
     describe,
     encode_text,
+    field_label,
     get_int,
+    get_length,
     get_number,
     get_str,
     int_array,
     iter_json_lines,
+    parse_json_text,
+    read_trace_bytes,
     sha256_bytes,
-    sha256_file,
 )
 from kvlab.workload.workload import CATEGORICAL_COLUMNS, Workload
 
@@ -70,7 +76,7 @@ def _parse_header(path: str, ln: int | None, obj: dict) -> dict:
     """Validate a header object; return it with defaults filled (kind None if unspecified)."""
     unknown = sorted(set(obj) - HEADER_KEYS)
     if unknown:
-        raise TraceFormatError(path, ln, unknown[0], "unknown header field")
+        raise TraceFormatError(path, ln, field_label(unknown[0]), "unknown header field")
     version = get_int(path, ln, obj, "kvlab_trace", min_value=1)
     if version != FORMAT_VERSION:
         raise TraceFormatError(path, ln, "kvlab_trace", f"format version {version} not supported (this is 1)")
@@ -79,7 +85,7 @@ def _parse_header(path: str, ln: int | None, obj: dict) -> dict:
         raise TraceFormatError(path, ln, "kind", f"must be 'tokens' or 'blocks', got {describe(kind)}")
     bs = obj.get("block_size")
     if bs is not None:
-        bs = get_int(path, ln, obj, "block_size", min_value=1)
+        bs = get_int(path, ln, obj, "block_size", min_value=1, max_value=MAX_REQUEST_TOKENS)
     if kind == "blocks" and bs is None:
         raise TraceFormatError(path, ln, "block_size", "a 'blocks' trace needs a block_size")
     if kind == "tokens" and bs is not None:
@@ -88,7 +94,7 @@ def _parse_header(path: str, ln: int | None, obj: dict) -> dict:
     if name is not None and type(name) is not str:
         raise TraceFormatError(path, ln, "name", f"expected a string, got {describe(name)}")
     columns = obj.get("columns", [])
-    if type(columns) is not list or any(c not in OPTIONAL_COLUMNS for c in columns):
+    if type(columns) is not list or any(type(c) is not str or c not in OPTIONAL_COLUMNS for c in columns):
         raise TraceFormatError(path, ln, "columns", f"expected a list of names from {list(OPTIONAL_COLUMNS)}")
     cats = obj.get("categories", {})
     if type(cats) is not dict or any(
@@ -98,8 +104,11 @@ def _parse_header(path: str, ln: int | None, obj: dict) -> dict:
         raise TraceFormatError(
             path, ln, "categories", "expected {column: [string or int, ...]} for tenant/category/adapter/salt"
         )
+    for c, v in cats.items():
+        if len(set(v)) != len(v):
+            raise TraceFormatError(path, ln, "categories", f"the categories of {c!r} repeat a value")
     ordered = obj.get("ordered", [])
-    if type(ordered) is not list or any(c not in cats for c in ordered):
+    if type(ordered) is not list or any(type(c) is not str or c not in cats for c in ordered):
         raise TraceFormatError(path, ln, "ordered", "expected a list of columns named in 'categories'")
     meta = obj.get("meta", {})
     if type(meta) is not dict:
@@ -181,7 +190,9 @@ def load_jsonl(
     file whose records carry no ``block_size``. ``name`` defaults to the header's name, else the stem.
     """
     p = str(path)
-    data = Path(path).read_bytes()
+    if block_size is not None:
+        block_size = block_size_arg("load_jsonl", block_size)
+    data = read_trace_bytes(path)
     header: dict | None = None
     kind: str | None = None
     bs = block_size
@@ -212,12 +223,12 @@ def load_jsonl(
             continue
         unknown = sorted(set(obj) - RECORD_KEYS)
         if unknown:
-            raise TraceFormatError(p, ln, unknown[0], "unknown field")
+            raise TraceFormatError(p, ln, field_label(unknown[0]), "unknown field")
         a = get_number(p, ln, obj, "arrival")
         if prev_a is not None and a < prev_a:
             raise TraceFormatError(p, ln, "arrival", f"goes backwards: {a} s after {prev_a} s on line {prev_ln}")
         prev_a, prev_ln = a, ln
-        ol = get_int(p, ln, obj, "output_length", min_value=0)
+        ol = get_length(p, ln, obj, "output_length")
         present = [k for k in PROMPT_KEYS if k in obj]
         if len(present) != 1:
             field = present[1] if present else "tokens"
@@ -230,8 +241,8 @@ def load_jsonl(
             raise TraceFormatError(p, ln, key, f"a {rkind} record in a {kind} trace")
         if key == "hash_ids":
             ids = check_int_list(p, ln, key, obj[key])
-            il = get_int(p, ln, obj, "input_length", min_value=0)
-            rbs = get_int(p, ln, obj, "block_size", min_value=1, default=None)
+            il = get_length(p, ln, obj, "input_length")
+            rbs = get_int(p, ln, obj, "block_size", min_value=1, max_value=MAX_REQUEST_TOKENS, default=None)
             if rbs is not None:
                 if bs is not None and rbs != bs:
                     raise TraceFormatError(p, ln, "block_size", f"{rbs} disagrees with {bs} from {bs_from}")
@@ -479,16 +490,23 @@ def load_parquet(
     ``__`` (pandas index columns) are ignored; other unknown columns are errors.
     """
     p = str(path)
+    if block_size is not None:
+        block_size = block_size_arg("load_parquet", block_size)
+    data = read_trace_bytes(path)
     try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TraceFormatError(p, None, None, f"not a readable Parquet file: {e}") from None
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise TraceFormatError(p, None, None, f"not a readable Parquet file: {first}") from None
+    dup = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    if dup:
+        raise TraceFormatError(p, None, field_label(dup[0]), "column appears more than once")
     md = table.schema.metadata or {}
     if b"kvlab" in md:
         try:
-            raw_head = json.loads(md[b"kvlab"])
-        except ValueError:
-            raise TraceFormatError(p, None, "kvlab", "schema metadata 'kvlab' is not JSON") from None
+            raw_head = parse_json_text(p, None, md[b"kvlab"])
+        except TraceFormatError as e:
+            raise TraceFormatError(p, None, "kvlab", f"schema metadata 'kvlab' is not JSON: {e.message}") from None
         if type(raw_head) is not dict:
             raise TraceFormatError(p, None, "kvlab", "schema metadata 'kvlab' is not a JSON object")
         hd = _parse_header(p, None, raw_head)
@@ -498,7 +516,7 @@ def load_parquet(
     allowed = {"arrival", "output_length", "input_length", *PROMPT_KEYS, *OPTIONAL_COLUMNS}
     unknown = [c for c in names if c not in allowed]
     if unknown:
-        raise TraceFormatError(p, None, unknown[0], "unknown column")
+        raise TraceFormatError(p, None, field_label(unknown[0]), "unknown column")
     present = [k for k in PROMPT_KEYS if k in names]
     if len(present) != 1:
         raise TraceFormatError(p, None, present[1] if present else "tokens", "need exactly one of tokens/text/hash_ids")
@@ -517,7 +535,7 @@ def load_parquet(
     if len(arrival) > 1 and np.any(np.diff(arrival) < 0):
         i = int(np.flatnonzero(np.diff(arrival) < 0)[0]) + 1
         raise TraceFormatError(p, None, "arrival", f"row {i}: goes backwards ({arrival[i]} s after {arrival[i - 1]} s)")
-    out_len = _numeric_column(p, table, "output_length", min_value=0)
+    out_len = _numeric_column(p, table, "output_length", min_value=0, max_value=MAX_REQUEST_TOKENS)
     n = len(arrival)
     if key == "text":
         if tokenizer is None:
@@ -534,7 +552,7 @@ def load_parquet(
         offsets, values = _list_column(p, table, key, nullable=False)
         counts = np.diff(offsets)
     if "input_length" in names:
-        in_len = _numeric_column(p, table, "input_length", min_value=0)
+        in_len = _numeric_column(p, table, "input_length", min_value=0, max_value=MAX_REQUEST_TOKENS)
     elif kind == "blocks":
         raise TraceFormatError(p, None, "input_length", "missing required column (hash_ids traces)")
     else:
@@ -573,16 +591,22 @@ def load_parquet(
         block_size=bs if kind == "blocks" else None,
         name=name if name is not None else hd["name"] or Path(path).stem,
         source=p,
-        checksum=sha256_file(path),
+        checksum=sha256_bytes(data),
         meta=hd["meta"],
         **kw,
     )
 
 
 def _numeric_column(
-    p: str, table: pa.Table, c: str, *, floating: bool = False, min_value: int | None = None
+    p: str,
+    table: pa.Table,
+    c: str,
+    *,
+    floating: bool = False,
+    min_value: int | None = None,
+    max_value: int | None = None,
 ) -> np.ndarray:
-    """A required numeric column as float64 (``floating``) or int64, without nulls."""
+    """A required numeric column as float64 (``floating``) or int64 (within int64), without nulls."""
     if c not in table.column_names:
         raise TraceFormatError(p, None, c, "missing required column")
     col = table.column(c)
@@ -593,14 +617,27 @@ def _numeric_column(
     if col.null_count:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise TraceFormatError(p, None, c, f"row {i}: null")
-    arr = col.to_numpy().astype(np.float64 if floating else np.int64)
+    raw = col.to_numpy()
+    if not floating:
+        _check_int64(p, c, raw)
+    arr = raw.astype(np.float64 if floating else np.int64)
     if floating and not np.all(np.isfinite(arr)):
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
         raise TraceFormatError(p, None, c, f"row {i}: must be finite, got {arr[i]}")
     if min_value is not None and np.any(arr < min_value):
         i = int(np.flatnonzero(arr < min_value)[0])
         raise TraceFormatError(p, None, c, f"row {i}: must be >= {min_value}, got {arr[i]}")
+    if max_value is not None and np.any(arr > max_value):
+        i = int(np.flatnonzero(arr > max_value)[0])
+        raise TraceFormatError(p, None, c, f"row {i}: must be <= {max_value:,}, got {arr[i]}")
     return arr
+
+
+def _check_int64(p: str, c: str, values: np.ndarray) -> None:
+    """Refuse uint64 values that int64 cannot hold (they would wrap to negatives)."""
+    if values.dtype == np.uint64 and len(values) and values.max() > INT64_MAX:
+        i = int(np.flatnonzero(values > INT64_MAX)[0])
+        raise TraceFormatError(p, None, c, f"row {i}: {values[i]} does not fit in int64")
 
 
 def _int_column_list(p: str, table: pa.Table, c: str, *, nullable: bool, fill: int | None) -> list:
@@ -611,7 +648,11 @@ def _int_column_list(p: str, table: pa.Table, c: str, *, nullable: bool, fill: i
     if col.null_count and not nullable:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise TraceFormatError(p, None, c, f"row {i}: null")
-    return [fill if v is None else v for v in col.to_pylist()]
+    values = col.to_pylist()
+    big = next((i for i, v in enumerate(values) if v is not None and v > INT64_MAX), None)
+    if big is not None:
+        raise TraceFormatError(p, None, c, f"row {big}: {values[big]} does not fit in int64")
+    return [fill if v is None else v for v in values]
 
 
 def _category_values(p: str, table: pa.Table, c: str) -> list:

@@ -14,7 +14,6 @@ system prompt); pass your own prefixes for a model's template.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,8 @@ from kvlab.workload._common import (
     get_int,
     get_str,
     iter_json_lines,
+    parse_json_text,
+    read_trace_bytes,
     sha256_file,
 )
 from kvlab.workload.workload import Workload
@@ -129,10 +130,8 @@ def _workload(
 
 
 def _load_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_bytes())
-    except ValueError as e:
-        raise TraceFormatError(str(path), None, None, f"invalid JSON: {e}") from None
+    """One JSON document; unreadable files and invalid JSON are TraceFormatErrors naming the file."""
+    return parse_json_text(str(path), None, read_trace_bytes(path))
 
 
 def rag_prompts(
@@ -152,7 +151,8 @@ def rag_prompts(
     """
     root = Path(dir)
     folder = root / "inputs" if (root / "inputs").is_dir() else root
-    files = sorted((f for f in folder.glob("*.json") if f.stem.isdigit()), key=lambda f: int(f.stem))
+    numbered = (f for f in folder.glob("*.json") if f.stem.isascii() and f.stem.isdigit())
+    files = sorted(numbered, key=lambda f: int(f.stem))
     if not files:
         raise TraceFormatError(str(folder), None, None, "no <n>.json CacheBlend input files here")
     build = _PromptBuilder(tokenizer)
@@ -162,10 +162,11 @@ def rag_prompts(
         if type(obj) is not dict:
             raise TraceFormatError(str(f), None, None, f"expected a JSON object, got {describe(obj)}")
         n = obj.get("chunk_num", None)
-        try:
-            n_chunks = int(n)
-        except (TypeError, ValueError):
-            raise TraceFormatError(str(f), None, "chunk_num", f"expected a count, got {describe(n)}") from None
+        n_chunks = n if type(n) is int else int(n) if type(n) is str and n.isdigit() and len(n) < 10 else -1
+        if not 0 <= n_chunks < len(obj):  # passages "0".."n-1" and the query are keys of obj
+            raise TraceFormatError(
+                str(f), None, "chunk_num", f"expected a passage count (int or digit string), got {describe(n)}"
+            )
         pieces = [obj.get(str(k)) for k in range(n_chunks)] + [obj.get("query")]
         for key, piece in zip([*map(str, range(n_chunks)), "query"], pieces, strict=True):
             if type(piece) is not str:
@@ -217,7 +218,7 @@ def mt_bench_sessions(
         qpath = qpath / "question.jsonl"
     p = str(qpath)
     questions: list[tuple[int, str, list[str]]] = []
-    for ln, obj in iter_json_lines(p, qpath.read_bytes()):
+    for ln, obj in iter_json_lines(p, read_trace_bytes(qpath)):
         qid = get_int(p, ln, obj, "question_id", min_value=0)
         cat = get_str(p, ln, obj, "category")
         turns = obj.get("turns")
@@ -230,7 +231,7 @@ def mt_bench_sessions(
         apath = Path(answers_path)
         files.append(apath)
         a = str(apath)
-        for ln, obj in iter_json_lines(a, apath.read_bytes()):
+        for ln, obj in iter_json_lines(a, read_trace_bytes(apath)):
             qid = get_int(a, ln, obj, "question_id", min_value=0)
             choices = obj.get("choices")
             turns = choices[0].get("turns") if type(choices) is list and choices and type(choices[0]) is dict else None
