@@ -57,14 +57,15 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from heapq import heapify, heappop, heappush
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies.base import EvictionPolicy, register_policy
 
 MIN_MEAN_S = 1e-3
@@ -101,11 +102,13 @@ class WorkloadAware(EvictionPolicy):
 
     source = "Wang et al., KVCache Cache in the Wild (USENIX ATC'25, arXiv 2506.02634) §4.2"
 
-    def __init__(self, life_s: float = 600.0, window: int = 1000, min_samples: int = 10, max_turn: int = 10) -> None:
-        if not life_s > 0:
-            raise ConfigError(f"workload-aware: life_s must be > 0 seconds, got {life_s}")
-        if window < 1 or min_samples < 1 or max_turn < 1:
-            raise ConfigError("workload-aware: window, min_samples and max_turn must be >= 1")
+    def __init__(
+        self,
+        life_s: Annotated[float, Field(ge=MIN_MEAN_S)] = 600.0,  # below, log(1 - exp(-rate * life)) underflows
+        window: Annotated[int, Field(ge=1, le=100_000)] = 1000,  # the compiled twin keeps categories x window
+        min_samples: Annotated[int, Field(ge=1, le=100_000)] = 10,
+        max_turn: Annotated[int, Field(ge=1, le=1000)] = 10,
+    ) -> None:
         self.life_s = float(life_s)
         self.window = int(window)
         self.min_samples = int(min_samples)

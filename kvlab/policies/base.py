@@ -21,11 +21,18 @@ Whether per-key state (e.g. frequency) survives eviction is each policy's docume
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Hashable, Sequence
-from typing import ClassVar
+import types
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
+import annotated_types as at
 import numpy as np
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticSerializationError
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
@@ -41,6 +48,12 @@ class EvictionPolicy:
     source: ClassVar[str] = ""
     #: numba twin of the hooks (kvlab.cache.compiled), or None: the replay then uses the Python core
     compiled: ClassVar[CompiledPolicy | None] = None
+
+    @classmethod
+    def resolve_params(cls, params: dict) -> dict:
+        """Hook of :func:`resolved_policy_params`: ``params`` (checked, defaults filled in) as a run's
+        identity records them; a wrapper resolves its inner policy's parameters here."""
+        return params
 
     def compiled_params(self) -> np.ndarray | tuple:
         """This instance's numeric parameters, in the order the compiled hooks read them (float64), or a
@@ -93,54 +106,271 @@ class EvictionPolicy:
 
 _REGISTRY: dict[str, Callable[..., EvictionPolicy]] = {}
 
+# ---------------------------------------------------------------------- declared parameters
+# A policy declares a constructor parameter by annotating it ``Annotated[type, Field(bounds...)]`` (pydantic);
+# ``register_policy`` then checks every such argument before the constructor runs. Floats anywhere in a
+# declared type (nested in lists and dicts too) must be finite. Undeclared parameters (a plain hint or
+# none) are passed through unchecked, so a plain plugin keeps working unchanged.
+
+#: how declared parameters are validated: every float must be finite; instances (``inner``) allowed
+PARAM_CONFIG = ConfigDict(allow_inf_nan=False, arbitrary_types_allowed=True)
+_BOUNDS = (at.Gt, at.Ge, at.Lt, at.Le)
+#: the default of a parameter without one
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class PolicyParam:
+    """One constructor parameter of a registered policy, as the framework reads it."""
+
+    name: str
+    default: object  # REQUIRED when the constructor gives none
+    annotation: object = None  # the declared type (``Annotated[...]``); None when undeclared
+    allowed: str = "any value"  # the allowed values in words (messages, docs/policies.md)
+    adapter: TypeAdapter | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def declared(self) -> bool:
+        return self.adapter is not None
+
+    def check(self, policy: str, value: object) -> object:
+        """``value`` as the constructor gets it (pydantic's lax coercion: ints to floats, tuples to lists);
+        ConfigError naming the policy, the parameter, the allowed values and ``value`` otherwise."""
+        if self.adapter is None:
+            return value
+        try:
+            return self.adapter.validate_python(value)
+        except ValidationError:
+            raise param_error(policy, self.name, self.allowed, value) from None
+
+    def plain(self, value: object) -> object:
+        """A checked ``value`` as plain JSON values (tuples as lists); undeclared values as given."""
+        if self.adapter is None:
+            return value
+        try:
+            return self.adapter.dump_python(value, mode="json")
+        except PydanticSerializationError:  # e.g. a policy instance given as prefix-aware's ``inner``
+            return value
+
+
+def param_error(policy: str, param: str, allowed: str, value: object) -> ConfigError:
+    """The one-line error for a refused parameter value."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return ConfigError(f"policy {policy!r}: parameter {param!r} must be {allowed}, got {text}")
+
+
+def _num(x: object) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def _bounded(noun: str, bounds: list) -> str:
+    lo = next((b for b in bounds if isinstance(b, at.Gt | at.Ge)), None)
+    hi = next((b for b in bounds if isinstance(b, at.Lt | at.Le)), None)
+    if lo is not None and hi is not None:
+        left = "(" if isinstance(lo, at.Gt) else "["
+        right = ")" if isinstance(hi, at.Lt) else "]"
+        lo_v = lo.gt if isinstance(lo, at.Gt) else lo.ge
+        hi_v = hi.lt if isinstance(hi, at.Lt) else hi.le
+        return f"{noun} in {left}{_num(lo_v)}, {_num(hi_v)}{right}"
+    if lo is not None:
+        return f"{noun} > {_num(lo.gt)}" if isinstance(lo, at.Gt) else f"{noun} >= {_num(lo.ge)}"
+    if hi is not None:
+        return f"{noun} < {_num(hi.lt)}" if isinstance(hi, at.Lt) else f"{noun} <= {_num(hi.le)}"
+    return noun
+
+
+def _metadata(meta: Sequence) -> tuple[str | None, list]:
+    """(description, bounds) of an ``Annotated`` type's metadata."""
+    description, bounds = None, []
+    for m in meta:
+        if isinstance(m, FieldInfo):
+            description = description or m.description
+            bounds += [b for b in m.metadata if isinstance(b, _BOUNDS)]
+        elif isinstance(m, _BOUNDS):
+            bounds.append(m)
+    return description, bounds
+
+
+def describe(tp: object) -> str:
+    """The values a declared type allows, in words: ``Field(description=...)`` if given, else derived
+    from the type and its bounds (``an integer in [1, 64]``, ``a finite number > 0``)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        description, bounds = _metadata(tp.__metadata__)  # type: ignore[attr-defined]
+        return description or _bounded(describe(args[0]), bounds)
+    if origin is Union or origin is types.UnionType:
+        text = " or ".join(describe(a) for a in args if a is not type(None))
+        return text + " or None" if type(None) in args else text
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (list, tuple, Sequence) and args:
+        return f"a list of items each {describe(args[0])}"
+    if origin is dict and len(args) == 2:
+        return f"a mapping from {describe(args[0])} to {describe(args[1])}"
+    names = {int: "an integer", float: "a finite number", str: "a string", bool: "True or False"}
+    return names.get(tp, f"a {getattr(tp, '__name__', tp)}")  # type: ignore[call-overload]
+
+
+def _is_declared(hint: object) -> bool:
+    """Whether ``hint`` holds, anywhere, an ``Annotated`` with pydantic ``Field`` or bounds metadata."""
+    meta = hint.__metadata__ if get_origin(hint) is Annotated else ()  # type: ignore[attr-defined]
+    if any(isinstance(m, (FieldInfo, *_BOUNDS)) for m in meta):
+        return True
+    return any(_is_declared(a) for a in get_args(hint))
+
+
+def _read_params(factory: Callable) -> tuple[dict[str, PolicyParam], bool]:
+    """(the named parameters of ``factory``, whether it also takes ``**kwargs``)."""
+    sig = inspect.signature(factory)
+    init = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+    try:
+        hints = get_type_hints(inspect.unwrap(init), include_extras=True)
+    except Exception:  # a plugin's hint that does not resolve at run time: undeclared, as before
+        hints = {}
+    params: dict[str, PolicyParam] = {}
+    var_kw = False
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            var_kw = True
+        elif p.kind is not inspect.Parameter.VAR_POSITIONAL:
+            hint = hints.get(p.name)
+            if _is_declared(hint):
+                adapter = TypeAdapter(hint, config=PARAM_CONFIG)
+                params[p.name] = PolicyParam(p.name, p.default, hint, describe(hint), adapter)
+            else:
+                params[p.name] = PolicyParam(p.name, p.default)
+    return params, var_kw
+
+
+_PARAMS: dict[Callable, tuple[dict[str, PolicyParam], bool]] = {}
+
+
+def _params_of(factory: Callable) -> tuple[dict[str, PolicyParam], bool]:
+    got = _PARAMS.get(factory)
+    if got is None:
+        got = _PARAMS[factory] = _read_params(factory)
+    return got
+
+
+def policy_params(name: str) -> dict[str, PolicyParam]:
+    """The constructor parameters of the registered policy ``name``, in signature order."""
+    return dict(_params_of(_factory(name))[0])
+
+
+def _refuse_unknown(policy: str, params: dict[str, PolicyParam], var_kw: bool, given: Iterable[str]) -> None:
+    if var_kw:
+        return
+    unknown = sorted(set(given) - set(params))
+    if unknown:
+        accepted = ", ".join(params) or "none"
+        raise ConfigError(f"policy {policy!r}: unknown parameter {unknown[0]!r} (accepted: {accepted})")
+
+
+def _checked_init(cls: type) -> None:
+    """Make ``cls.__init__`` check its declared parameters first (once per class; inherited as is)."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "__kvlab_checked__", False):
+        return
+    params, var_kw = _params_of(cls)
+    declared = [p for p in params.values() if p.declared]
+    if not declared:
+        return
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: EvictionPolicy, *args: object, **kwargs: object) -> None:
+        name = type(self).name
+        _refuse_unknown(name, params, var_kw, kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"policy {name!r}: {exc}") from None
+        arguments = bound.arguments
+        for p in declared:
+            if p.name in arguments:
+                arguments[p.name] = p.check(name, arguments[p.name])
+        init(*bound.args, **bound.kwargs)
+
+    __init__.__kvlab_checked__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+
 
 def register_policy(name: str, *, replace: bool = False) -> Callable[[type], type]:
-    """Class decorator: make a policy available by ``name`` in every driver (and the CLI)."""
+    """Class decorator: make a policy available by ``name`` in every driver (and the CLI).
+
+    Constructor parameters annotated ``Annotated[type, Field(...)]`` are checked at construction (types,
+    bounds, finite floats), with a one-line ConfigError; other parameters are passed through unchecked.
+    """
 
     def deco(cls: type) -> type:
         if name in _REGISTRY and not replace and _REGISTRY[name] is not cls:
             raise ConfigError(f"policy {name!r} is already registered (pass replace=True to override)")
         cls.name = name
+        if isinstance(cls, type):
+            _checked_init(cls)
         _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
+def _factory(name: str) -> Callable[..., EvictionPolicy]:
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
+
+
 def make_policy(name: str | EvictionPolicy, **params: object) -> EvictionPolicy:
-    """A fresh policy instance by registered name (or pass an instance through)."""
+    """A fresh policy instance by registered name (or pass an instance through).
+
+    Raises ConfigError (one line) for an unknown policy, an unknown parameter or a refused value."""
     if isinstance(name, EvictionPolicy):
         return name
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
+    factory = _factory(name)
+    _refuse_unknown(name, *_params_of(factory), params)
     return factory(**params)
 
 
 def resolved_policy_params(name: str | EvictionPolicy, params: dict | None = None) -> dict:
-    """``params`` with every constructor default filled in (the policy part of a run's identity).
+    """``params`` checked, with every constructor default filled in, as plain JSON values (the policy
+    part of a run's identity).
 
-    Raises ConfigError for an unknown policy or parameter name. A policy instance passed directly
-    contributes only the given ``params`` (its constructor arguments are not recoverable).
+    Raises ConfigError as :func:`make_policy` does (without constructing the policy, so checks that
+    relate two parameters are left to construction). A policy instance passed directly contributes
+    only the given ``params`` (its constructor arguments are not recoverable).
     """
     params = dict(params or {})
     if isinstance(name, EvictionPolicy):
         return params
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
-    sig = inspect.signature(factory)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return params
-    unknown = sorted(set(params) - set(sig.parameters))
-    if unknown:
-        accepted = ", ".join(sig.parameters) or "none"
-        raise ConfigError(f"policy {name!r}: unknown parameter {unknown[0]!r} (accepted: {accepted})")
-    bound = sig.bind_partial(**params)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    factory = _factory(name)
+    declared, var_kw = _params_of(factory)
+    _refuse_unknown(name, declared, var_kw, params)
+    out = {}
+    for p in declared.values():
+        if p.name in params:
+            out[p.name] = p.plain(p.check(name, params.pop(p.name)))
+        elif p.default is not REQUIRED:
+            out[p.name] = p.plain(p.check(name, p.default))
+    out.update(params)  # taken by ``**kwargs``: as given
+    hook = getattr(factory, "resolve_params", None)
+    return hook(out) if hook is not None else out
+
+
+def parameters_markdown() -> str:
+    """The table of every registered policy's declared parameters (docs/policies.md, "Parameters")."""
+    rows = ["| policy | parameter | default | allowed |", "|---|---|---|---|"]
+    bare = []
+    for name in available_policies():
+        params = policy_params(name)
+        if not params:
+            bare.append(f"`{name}`")
+        for p in params.values():
+            default = "required" if p.default is REQUIRED else f"`{p.default!r}`"
+            rows.append(f"| `{name}` | `{p.name}` | {default} | {p.allowed} |")
+    return "\n".join(rows) + "\n\nNo parameters: " + ", ".join(bare) + ".\n"
 
 
 def available_policies() -> list[str]:

@@ -18,11 +18,13 @@ Amortised O(1) per event (an OrderedDict is the circular queue).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Annotated
+
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies.base import EvictionPolicy, param_error, register_policy
 
 
 @register_policy("clock")
@@ -32,13 +34,16 @@ class Clock(EvictionPolicy):
 
     source = "CLOCK with n-bit counters (libCacheSim Clock, FIFO-reinsertion form)"
 
-    def __init__(self, bits: int = 1, init_freq: int = 0) -> None:
-        if bits < 1:
-            raise ConfigError(f"clock bits must be >= 1, got {bits}")
+    def __init__(
+        self,
+        bits: Annotated[int, Field(ge=1, le=32)] = 1,  # 32-bit counters exceed any hit count
+        init_freq: Annotated[int, Field(ge=0, description="an integer in [0, 2**bits - 1]")] = 0,
+    ) -> None:
         self.bits = int(bits)
         self.max_freq = (1 << self.bits) - 1
-        if not 0 <= init_freq <= self.max_freq:
-            raise ConfigError(f"clock init_freq must be in [0, {self.max_freq}], got {init_freq}")
+        if not init_freq <= self.max_freq:
+            allowed = f"an integer in [0, 2**bits - 1] = [0, {self.max_freq}]"
+            raise param_error(self.name, "init_freq", allowed, init_freq)
         self.init_freq = int(init_freq)
         self._queue: OrderedDict[int, KVBlock] = OrderedDict()
         self._freq: dict[int, int] = {}

@@ -36,8 +36,11 @@ the same order (bit-identical) and kept as an int64 key ordered like the float
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
@@ -48,6 +51,9 @@ from kvlab.policies._queues import float_key, heap_push_stamped, heap_remove
 from kvlab.policies.base import register_policy
 
 LLAMA2_7B_ATTENTION_RATIO = 4 * 32 * 4096 / (2 * 6.74e9)
+#: attention FLOPs per context token over linear FLOPs per token: about 1 / (6 d_model) for a
+#: transformer, so at most 1/6; up to 1 is allowed (above, costs and priorities may overflow)
+AttentionRatio = Annotated[float, Field(ge=0, le=1)]
 
 
 def block_cost(position: int, block_size: int, attention_ratio: float) -> float:
@@ -61,10 +67,8 @@ class GDSF(HeapPolicy):
 
     source = "Cherkasova 1998 (GDSF); cost = recompute FLOPs of the block at its position"
 
-    def __init__(self, attention_ratio: float = LLAMA2_7B_ATTENTION_RATIO) -> None:
+    def __init__(self, attention_ratio: AttentionRatio = LLAMA2_7B_ATTENTION_RATIO) -> None:
         super().__init__()
-        if not attention_ratio >= 0:
-            raise ConfigError(f"gdsf: attention_ratio must be >= 0, got {attention_ratio}")
         self.attention_ratio = float(attention_ratio)
         self.clock = 0.0
         self._freq: list[int] = []

@@ -24,9 +24,11 @@ hit against this class in both clocks.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
@@ -44,11 +46,11 @@ class LFUHalfLife(EvictionPolicy):
 
     source = "decayed LFU (LRFU-style 2^(-age/half_life) weighting)"
 
-    def __init__(self, half_life: float = 600.0, clock: str = "time") -> None:
-        if not half_life > 0:
-            raise ConfigError(f"half_life must be > 0, got {half_life}")
-        if clock not in ("time", "requests"):
-            raise ConfigError(f"clock must be 'time' or 'requests', got {clock!r}")
+    def __init__(
+        self,
+        half_life: Annotated[float, Field(gt=0)] = 600.0,  # in units of ``clock``
+        clock: Annotated[Literal["time", "requests"], Field()] = "time",
+    ) -> None:
         self.half_life = float(half_life)
         self.clock = clock
         self._queue = KeyedQueue()

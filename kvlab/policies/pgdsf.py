@@ -53,7 +53,6 @@ import numpy as np
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._heap import LeafHeapPolicy
 from kvlab.policies._leaf import (
     BKEY,
@@ -71,7 +70,7 @@ from kvlab.policies._leaf import (
     leaf_victim,
 )
 from kvlab.policies.base import register_policy
-from kvlab.policies.gdsf import LLAMA2_7B_ATTENTION_RATIO
+from kvlab.policies.gdsf import LLAMA2_7B_ATTENTION_RATIO, AttentionRatio
 
 
 @register_policy("pgdsf")
@@ -80,10 +79,8 @@ class PGDSF(LeafHeapPolicy):
 
     source = "RAGCache (Jin et al., arXiv 2404.12457) PGDSF; leaf-only; FLOP cost model"
 
-    def __init__(self, attention_ratio: float = LLAMA2_7B_ATTENTION_RATIO) -> None:
+    def __init__(self, attention_ratio: AttentionRatio = LLAMA2_7B_ATTENTION_RATIO) -> None:
         super().__init__()
-        if not attention_ratio >= 0:
-            raise ConfigError(f"pgdsf: attention_ratio must be >= 0, got {attention_ratio}")
         self.attention_ratio = float(attention_ratio)
         self.clock = 0.0
         self._stats: dict[Hashable, list] = {}  # key -> [frequency, mean cost, computations]

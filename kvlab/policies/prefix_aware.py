@@ -37,18 +37,44 @@ block parked first. O(1) per event on top of the inner twin's (lru O(1), lfu O(l
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Annotated, Any
 
 import numba as nb
 import numpy as np
+from pydantic import AfterValidator, Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import NO_CONTEXT, AccessContext
+from kvlab.errors import ConfigError
 from kvlab.policies._leaf import key_arrays
 from kvlab.policies._queues import list_append, list_unlink
-from kvlab.policies.base import EvictionPolicy, make_policy, register_policy
+from kvlab.policies.base import (
+    EvictionPolicy,
+    available_policies,
+    make_policy,
+    register_policy,
+    resolved_policy_params,
+)
 from kvlab.policies.lfu import LFU
 from kvlab.policies.lru import LRU
+
+
+def _registered(inner: object) -> object:
+    if isinstance(inner, str) and inner not in available_policies():
+        raise ValueError(f"unknown policy {inner!r}")
+    return inner
+
+
+Inner = Annotated[
+    str | EvictionPolicy,
+    AfterValidator(_registered),
+    Field(description="a registered policy name (see `kvlab policies`) or an EvictionPolicy instance"),
+]
+InnerParams = Annotated[
+    dict[str, Any] | None,
+    Field(description="None or a mapping of the inner policy's parameters (checked by that policy)"),
+]
 
 
 @register_policy("prefix-aware")
@@ -57,8 +83,11 @@ class PrefixAware(EvictionPolicy):
 
     source = "leaf-only eviction (SGLang / RAGCache / TensorRT-LLM radix trees) around any policy"
 
-    def __init__(self, inner: str | EvictionPolicy = "lru", inner_params: dict | None = None) -> None:
-        self.inner = make_policy(inner, **(inner_params or {}))
+    def __init__(self, inner: Inner = "lru", inner_params: InnerParams = None) -> None:
+        try:
+            self.inner = make_policy(inner, **(inner_params or {}))
+        except ConfigError as exc:
+            raise ConfigError(f"policy {self.name!r}: inner {exc}") from None
         self._parked: dict[Hashable, dict[int, KVBlock]] = {}  # key -> parked blocks
         self._order: dict[int, KVBlock] = {}  # every parked block, in parking order
         self._dirty: list[Hashable] = []
@@ -72,6 +101,18 @@ class PrefixAware(EvictionPolicy):
                 self.compiled = twin
         self._i_insert, self._i_hit, self._i_pin, self._i_unpin = i.on_insert, i.on_hit, i.on_pin, i.on_unpin
         self._i_evict, self._i_victim = i.on_evict, i.victim
+
+    @classmethod
+    def resolve_params(cls, params: dict) -> dict:
+        """``inner_params`` resolved by the inner policy (its defaults filled in) when ``inner`` is a name."""
+        inner = params.get("inner")
+        if not isinstance(inner, str):
+            return params
+        try:
+            inner_params = resolved_policy_params(inner, params.get("inner_params"))
+        except ConfigError as exc:
+            raise ConfigError(f"policy {cls.name!r}: inner {exc}") from None
+        return {**params, "inner_params": inner_params}
 
     def attach(self, cache: object) -> None:
         self._children = cache.num_cached_children  # type: ignore[attr-defined]
@@ -183,8 +224,8 @@ class PrefixAwareLRU(PrefixAware):
 
     source = "vLLM LRU restricted to leaf blocks (prefix-aware wrapper)"
 
-    def __init__(self, **inner_params: object) -> None:
-        super().__init__("lru", inner_params)
+    def __init__(self) -> None:
+        super().__init__("lru")
 
 
 @register_policy("prefix-aware-lfu")
@@ -193,8 +234,8 @@ class PrefixAwareLFU(PrefixAware):
 
     source = "LFU restricted to leaf blocks (prefix-aware wrapper)"
 
-    def __init__(self, **inner_params: object) -> None:
-        super().__init__("lfu", inner_params)
+    def __init__(self) -> None:
+        super().__init__("lfu")
 
 
 # ---------------------------------------------------------------------- compiled twins

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._queues import FifoQueue, dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin
 from kvlab.policies.base import EvictionPolicy, register_policy
 
@@ -57,9 +58,12 @@ class S3FIFO(EvictionPolicy):
 
     source = "S3-FIFO (Yang et al., SOSP'23; libCacheSim S3FIFO parameters)"
 
-    def __init__(self, small_ratio: float = 0.10, ghost_ratio: float = 0.90, move_to_main_threshold: int = 2) -> None:
-        if not 0.0 <= small_ratio < 1.0 or ghost_ratio < 0.0 or move_to_main_threshold < 1:
-            raise ConfigError("s3fifo needs 0 <= small_ratio < 1, ghost_ratio >= 0, move_to_main_threshold >= 1")
+    def __init__(
+        self,
+        small_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.10,  # main = C - small must hold a block
+        ghost_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.90,  # C * ratio keys must fit an int64
+        move_to_main_threshold: Annotated[int, Field(ge=1, le=10**6)] = 2,
+    ) -> None:
         self.small_ratio = float(small_ratio)
         self.ghost_ratio = float(ghost_ratio)
         self.threshold = int(move_to_main_threshold)

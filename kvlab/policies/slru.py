@@ -24,17 +24,27 @@ segment over block ids, segment and counts in int64 arrays.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._queues import dl_append, dl_unlink
 from kvlab.policies.base import EvictionPolicy, register_policy
+
+#: at most this many segments (each is a list in Python and a row in the compiled twin)
+MAX_SEGMENTS = 64
+#: ``segments``: a count of equal segments, or relative sizes (normalised by their sum), lowest first
+Segments = Annotated[
+    Annotated[int, Field(ge=1, le=MAX_SEGMENTS)]
+    | Annotated[list[Annotated[float, Field(gt=0, le=10**9)]], Field(min_length=1, max_length=MAX_SEGMENTS)],
+    Field(description=f"an integer in [1, {MAX_SEGMENTS}] or a list of 1-{MAX_SEGMENTS} relative sizes "
+                      "(normalised by their sum), each a finite number in (0, 1e9]"),
+]
 
 
 @register_policy("slru")
@@ -44,10 +54,8 @@ class SLRU(EvictionPolicy):
 
     source = "segmented LRU (Karedla et al., 1994; n segments as in libCacheSim SLRU)"
 
-    def __init__(self, segments: int | Sequence[float] = 4) -> None:
+    def __init__(self, segments: Segments = 4) -> None:
         sizes = [1.0] * segments if isinstance(segments, int) else [float(s) for s in segments]
-        if not sizes or min(sizes) <= 0:
-            raise ConfigError(f"slru segments must be a positive count or positive sizes, got {segments!r}")
         total = sum(sizes)
         self.fractions = [s / total for s in sizes]
         self.n_seg = len(sizes)

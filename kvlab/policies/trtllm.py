@@ -43,9 +43,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from heapq import heappop, heappush
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import AfterValidator, Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
@@ -58,20 +60,37 @@ MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
 
 Range = tuple[int, int | None, int, float | None]
 
+# the declared parameters; block positions are below 2**31 everywhere in kvlab
+_POS = Annotated[int, Field(ge=0, le=2**31)]
+_LEVEL = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+_DURATION = Annotated[float, Field(ge=0)] | None
 
-def _ranges(spec: Sequence[Sequence], duration_s: float | None, what: str) -> list[Range]:
+
+def _start_before_end(r: tuple) -> tuple:
+    if r[1] is not None and r[1] <= r[0]:
+        raise ValueError("end <= start")
+    return r
+
+
+_RANGE = Annotated[
+    tuple[_POS, _POS | None, _LEVEL] | tuple[_POS, _POS | None, _LEVEL, _DURATION], AfterValidator(_start_before_end)
+]
+RANGES = (f"a list of (start, end, priority[, duration_s]) block ranges with 0 <= start < end <= 2**31 (end None: "
+          f"to the end), priority an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}], duration_s a finite number >= 0 "
+          "or None")
+Ranges = Annotated[list[_RANGE], Field(description=RANGES)]
+ByCategory = Annotated[
+    dict[Annotated[str, Field(coerce_numbers_to_str=True)], list[_RANGE]] | None,
+    Field(description="None or a mapping from category (a string) to " + RANGES),
+]
+
+
+def _ranges(spec: Sequence[Sequence], duration_s: float | None) -> list[Range]:
+    """Ranges (checked by the declaration) with their durations filled in."""
     out: list[Range] = []
     for r in spec:
-        if len(r) not in (3, 4):
-            raise ConfigError(f"trtllm-priority: {what} range {r!r} must be (start, end, priority[, duration_s])")
         start, end, prio = int(r[0]), None if r[1] is None else int(r[1]), int(r[2])
         dur = (None if r[3] is None else float(r[3])) if len(r) == 4 else duration_s
-        if start < 0 or (end is not None and end <= start):
-            raise ConfigError(f"trtllm-priority: {what} range {r!r} needs 0 <= start < end (blocks)")
-        if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
-            raise ConfigError(f"trtllm-priority: priority {prio} outside {MIN_PRIORITY}..{MAX_PRIORITY}")
-        if dur is not None and not dur >= 0:
-            raise ConfigError(f"trtllm-priority: duration {dur} must be >= 0 seconds")
         out.append((start, end, prio, dur))
     return out
 
@@ -84,18 +103,14 @@ class TRTLLMPriority(EvictionPolicy):
 
     def __init__(
         self,
-        priorities: Sequence[Sequence] = (),
-        default: int = DEFAULT_PRIORITY,
-        duration_s: float | None = None,
-        by_category: dict[str, Sequence[Sequence]] | None = None,
+        priorities: Ranges = (),
+        default: _LEVEL = DEFAULT_PRIORITY,
+        duration_s: _DURATION = None,
+        by_category: ByCategory = None,
     ) -> None:
-        if not MIN_PRIORITY <= int(default) <= MAX_PRIORITY:
-            raise ConfigError(f"trtllm-priority: default {default} outside {MIN_PRIORITY}..{MAX_PRIORITY}")
-        if duration_s is not None and not duration_s >= 0:
-            raise ConfigError(f"trtllm-priority: duration_s must be >= 0 seconds, got {duration_s}")
         self.default = int(default)
-        self.ranges = _ranges(priorities, duration_s, "priorities")
-        self.by_category = {str(k): _ranges(v, duration_s, f"category {k!r}") for k, v in (by_category or {}).items()}
+        self.ranges = _ranges(priorities, duration_s)
+        self.by_category = {str(k): _ranges(v, duration_s) for k, v in (by_category or {}).items()}
         self._ranged = bool(self.ranges or self.by_category)
         levels = {self.default} | {r[2] for rs in [self.ranges, *self.by_category.values()] for r in rs}
         self._levels = sorted(levels)

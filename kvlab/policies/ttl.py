@@ -23,11 +23,17 @@ Choices:
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Annotated
+
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies.base import EvictionPolicy, register_policy
+
+#: a TTL in seconds of trace time (0: expired as soon as unpinned, evicted before anything unexpired)
+Seconds = Annotated[float, Field(ge=0)]
+Category = Annotated[str, Field(coerce_numbers_to_str=True)]
 
 
 @register_policy("ttl")
@@ -43,12 +49,16 @@ class TTL(EvictionPolicy):
 
     source = "TTL expiry (hosted prompt caches), LRU among unexpired blocks"
 
-    def __init__(self, ttl_s: float = 300.0, by_category: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        ttl_s: Seconds = 300.0,
+        by_category: Annotated[
+            dict[Category, Seconds] | None,
+            Field(description="None or a mapping from category (a string) to a finite number >= 0 (seconds)"),
+        ] = None,
+    ) -> None:
         self.ttl_s = float(ttl_s)
         self.by_category = {str(k): float(v) for k, v in (by_category or {}).items()}
-        for name, v in [("ttl_s", self.ttl_s), *self.by_category.items()]:
-            if not v >= 0:
-                raise ConfigError(f"ttl: TTL {name!r} must be >= 0 seconds, got {v}")
         self._lru: OrderedDict[int, KVBlock] = OrderedDict()
         self._groups: dict[float, OrderedDict[int, tuple[float, int]]] = {}  # ttl -> {bid: (expiry, stamp)}
         self._group_of: dict[int, OrderedDict[int, tuple[float, int]]] = {}

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._queues import FifoQueue, dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin
 from kvlab.policies.base import EvictionPolicy, register_policy
 
@@ -45,9 +46,11 @@ class TwoQ(EvictionPolicy):
 
     source = "2Q (Johnson & Shasha, VLDB'94; libCacheSim TwoQ parameters)"
 
-    def __init__(self, ain_ratio: float = 0.25, aout_ratio: float = 0.5) -> None:
-        if not 0.0 <= ain_ratio < 1.0 or aout_ratio < 0.0:
-            raise ConfigError("2q needs 0 <= ain_ratio < 1 and aout_ratio >= 0")
+    def __init__(
+        self,
+        ain_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.25,  # Am must hold a block
+        aout_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.5,  # C * ratio keys must fit an int64
+    ) -> None:
         self.ain_ratio = float(ain_ratio)
         self.aout_ratio = float(aout_ratio)
         self._ain = FifoQueue()

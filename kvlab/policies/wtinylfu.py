@@ -42,14 +42,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Annotated
 
 import numba as nb
 import numpy as np
+from pydantic import Field
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
-from kvlab.errors import ConfigError
 from kvlab.policies._queues import dl_append, dl_unlink
 from kvlab.policies.base import EvictionPolicy, register_policy
 
@@ -63,12 +64,13 @@ class WTinyLFU(EvictionPolicy):
 
     source = "W-TinyLFU (Einziger et al., ToS 2017; Caffeine, libCacheSim WTinyLFU); exact counters"
 
-    def __init__(self, window_ratio: float = 0.01, protected_ratio: float = 0.8, sample_factor: float = 10.0,
-                 max_count: int = 15) -> None:
-        if not 0.0 < window_ratio < 1.0 or not 0.0 <= protected_ratio <= 1.0:
-            raise ConfigError("wtinylfu needs 0 < window_ratio < 1 and 0 <= protected_ratio <= 1")
-        if not sample_factor > 0 or max_count < 1:
-            raise ConfigError("wtinylfu needs sample_factor > 0 and max_count >= 1")
+    def __init__(
+        self,
+        window_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.01,
+        protected_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8,
+        sample_factor: Annotated[float, Field(gt=0, le=10**6)] = 10.0,  # sample_factor * C must fit an int64
+        max_count: Annotated[int, Field(ge=1, le=10**6)] = 15,
+    ) -> None:
         self.window_ratio = float(window_ratio)
         self.protected_ratio = float(protected_ratio)
         self.sample_factor = float(sample_factor)
