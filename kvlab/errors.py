@@ -42,3 +42,13 @@ class ChecksumError(DownloadError):
     def __init__(self, path: str, expected: str | None, actual: str, message: str) -> None:
         self.path, self.expected, self.actual = str(path), expected, actual
         super().__init__(message)
+
+
+class ResultsError(KvlabError, ValueError):
+    """A results folder or file cannot be read: names the file and what is wrong (missing, bad JSON,
+    truncated, checksum mismatch, unreadable parquet)."""
+
+
+class ResultsLocationError(KvlabError, ValueError):
+    """An output location is refused before anything is written (not empty and not a kvlab result of
+    the right kind, a file, a symbolic link, not writable); the message names the path and what to do."""

@@ -1,25 +1,72 @@
-"""Sweeps: many replays of one workload (policies x capacities x counting modes), resumable.
+"""Sweeps: many replays of one workload (policies x capacities x counting modes), resumable and safe to
+run concurrently on one folder.
 
-Layout under OUT: ``runs/<config_hash>/`` holds each finished replay (the shared results layout) and
-``sweep.parquet`` one row per run (config columns + summary metrics), rewritten atomically after every
-run. A sweep interrupted at any point restarts where it stopped: finished runs are read back, not redone.
+Layout under OUT (docs/results.md)::
+
+    OUT/manifest.json       kind "sweep": written first (marks the folder as a kvlab sweep), then with
+                            each table: the run ids in the table and the table's checksum
+    OUT/runs/<run_id>/      one complete replay each (the shared results layout, kvlab.results)
+    OUT/sweep.parquet       one row per complete run under OUT/runs, in a fixed order
+    OUT/.locks/<run_id>.lock
+
+Invariants: a run is reused only when it is complete (every file matches its manifest's checksums) and
+its ``run_id`` (kvlab.results.identity: resolved config, trace content, SEMANTICS_VERSION) matches; one
+process computes a run while others wait for it (a lock per run); the table is rebuilt under a lock on
+OUT from every complete run on disk, so it never shrinks, a second sweep's runs add to it, and an
+interrupted sweep leaves the last complete table in place. ``kvlab sweep`` over several traces
+(:func:`run_sweeps`) puts one such folder per trace under OUT and a combined table at the top.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvlab.replay import ReplayConfig, encode, replay
-from kvlab.results import build_manifest, config_hash, is_complete, read_results
-from kvlab.results.store import dumps
+from kvlab.errors import ResultsError
+from kvlab.replay import ReplayConfig, ReplayResult, encode, replay, resolve_config
+from kvlab.results import (
+    atomic_write_file,
+    build_manifest,
+    check_output_location,
+    checkpoint,
+    folder_kind,
+    locked,
+    read_table,
+    run_id,
+    run_identity,
+    safe_name,
+    verify_run,
+    write_results,
+)
+from kvlab.results.identity import SEMANTICS_VERSION
+from kvlab.results.paths import clean_stale
+from kvlab.results.store import (
+    MANIFEST,
+    MANIFEST_VERSION,
+    SUMMARY,
+    _cached_git_revision,
+    dumps,
+    package_versions,
+    read_json,
+)
 from kvlab.workload.workload import Workload
 
 HASH_FIELDS = ("hash", "root_seed", "model_id", "block_size", "verify")
+RUNS = "runs"
+LOCKS = ".locks"
+TABLE = "sweep.parquet"
+CSV = "sweep.csv"
+RESERVED_NAMES = frozenset((RUNS, LOCKS, TABLE, CSV, MANIFEST))
+TIMING_COLUMNS = ("replay_seconds", "compile_seconds")
+ROW_ORDER = ("trace", "trace_sha256", "policy", "policy_params", "block_size", "hash", "mode", "capacity_blocks",
+             "run_id")
 
 
 def grid(
@@ -35,6 +82,200 @@ def grid(
     ]
 
 
+# ----------------------------------------------------------------------------- identities and rows
+def plan(workload: Workload, configs: Sequence[ReplayConfig]) -> list[tuple[ReplayConfig, dict, str]]:
+    """``(resolved config, identity, run_id)`` per config, in order: the block size and the policy's
+    default parameters filled in first, so a run resumes whether or not they were given."""
+    trace = workload.identity()
+    out = []
+    for config in configs:
+        resolved = resolve_config(workload, config)
+        identity = run_identity(resolved.to_dict(), trace)
+        out.append((resolved, identity, run_id(identity)))
+    return out
+
+
+def run_manifest(workload: Workload, config: ReplayConfig, identity: dict, result: ReplayResult) -> dict:
+    """The manifest of a sweep run: the resolved config, the trace's identity and the run identity."""
+    trace = {**result.trace, **workload.identity()}
+    return build_manifest(config.to_dict(), trace=trace, seed=config.seed, driver="replay", identity=identity)
+
+
+def table_row(manifest: dict, summary: dict) -> dict:
+    """A sweep table row: trace name and content checksum, run id, policy parameters (JSON), summary."""
+    identity = manifest["identity"]
+    params = identity["config"].get("policy_params") or {}
+    return {
+        "trace": (manifest.get("trace") or {}).get("name"),
+        "trace_sha256": identity["trace"]["content_sha256"],
+        "run_id": manifest["run_id"],
+        "policy_params": json.dumps(params, sort_keys=True),
+        **summary,
+    }
+
+
+def _order_key(row: dict) -> tuple:
+    key = []
+    for col in ROW_ORDER:
+        v = row.get(col)
+        if isinstance(v, bool) or v is None or (isinstance(v, float) and v != v):
+            key.append((2, str(v)))
+        elif isinstance(v, int | float):
+            key.append((0, v))
+        else:
+            key.append((1, str(v)))
+    return tuple(key)
+
+
+def _signature(run_dir: Path) -> tuple | None:
+    """What identifies a run folder's on-disk state: the folder's and every file's inode, size, mtime."""
+    try:
+        st = os.stat(run_dir)
+        files = tuple(sorted((e.name, s.st_ino, s.st_size, s.st_mtime_ns)
+                             for e in os.scandir(run_dir) for s in [e.stat(follow_symlinks=False)]))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, files)
+
+
+class RunScanner:
+    """Table rows of complete runs, each verified once per on-disk state (checksums are not re-read while
+    nothing in a run folder changed)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple, dict | None]] = {}
+
+    def row(self, run_dir: Path) -> dict | None:
+        """The row of the complete run in ``run_dir`` (named by its run_id), None if it is not complete."""
+        for _ in range(3):  # a run being replaced concurrently may change under the reader: look again
+            sig = _signature(run_dir)
+            if sig is None:
+                return None
+            cached = self._seen.get(str(run_dir))
+            if cached is not None and cached[0] == sig:
+                return cached[1]
+            try:
+                manifest = verify_run(run_dir, run_dir.name)
+                summary = read_json(run_dir / SUMMARY)
+                row = table_row(manifest, summary) if isinstance(manifest.get("identity"), dict) else None
+            except (ResultsError, KeyError, TypeError):
+                row = None
+            if _signature(run_dir) == sig:
+                self._seen[str(run_dir)] = (sig, row)
+                return row
+        return None
+
+    def rows(self, runs_dir: Path) -> list[dict]:
+        """Rows of every complete run in ``runs_dir`` (hidden temporaries skipped), in table order."""
+        try:
+            names = sorted(e.name for e in os.scandir(runs_dir) if e.is_dir(follow_symlinks=False)
+                           and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+        rows = [r for r in (self.row(runs_dir / n) for n in names) if r is not None]
+        return sorted(rows, key=_order_key)
+
+
+_SCANNER = RunScanner()
+
+
+# ----------------------------------------------------------------------------- folders and tables
+def _folder_manifest(kind: str, table: pd.DataFrame | None, files: dict, **extra: object) -> dict:
+    runs = [] if table is None or "run_id" not in table else table["run_id"].tolist()
+    traces = [] if table is None or "trace_sha256" not in table else (
+        table[["trace", "trace_sha256"]].drop_duplicates().to_dict("records"))
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "kind": kind,
+        "driver": kind,
+        "semantics_version": SEMANTICS_VERSION,
+        "runs": runs,
+        "traces": traces,
+        "files": files,
+        **extra,
+        "versions": package_versions(),
+        "git_revision": _cached_git_revision(),
+        "command": list(sys.argv),
+    }
+
+
+def _write_json(path: Path, obj: object, phase: str | None = None) -> dict:
+    return atomic_write_file(path, lambda p: p.write_text(dumps(obj) + "\n"), phase=phase)
+
+
+def prepare_folder(out: str | os.PathLike, kind: str = "sweep") -> Path:
+    """Check ``out`` (:func:`~kvlab.results.check_output_location`), create it, and mark it as a kvlab
+    ``kind`` folder (its manifest written first, under the folder lock) so that an interrupted sweep
+    is recognised and resumed. Returns the absolute path."""
+    out = check_output_location(out, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        found = folder_kind(out)
+        if found is None:
+            check_output_location(out, kind)  # still empty? (another process may have written meanwhile)
+            _write_json(out / MANIFEST, _folder_manifest(kind, None, {}))
+        elif found != kind:
+            check_output_location(out, kind)  # raises, naming the kind found
+    (out / LOCKS).mkdir(exist_ok=True)
+    return out
+
+
+def _write_table(out: Path, rows: list[dict], kind: str, *, csv: bool, **extra: object) -> pd.DataFrame:
+    """Under the caller's folder lock: ``sweep.parquet`` (and ``sweep.csv``), then the manifest."""
+    frame = pd.DataFrame(rows)
+    files = {TABLE: atomic_write_file(out / TABLE, lambda p: frame.to_parquet(p, index=False),
+                                      phase="table-commit")}
+    if csv:
+        files[CSV] = atomic_write_file(out / CSV, lambda p: frame.to_csv(p, index=False), phase="table-commit")
+    _write_json(out / MANIFEST, _folder_manifest(kind, frame, files, **extra), phase="table-commit")
+    return frame
+
+
+def rebuild_table(out: str | os.PathLike) -> pd.DataFrame:
+    """Rewrite ``OUT/sweep.parquet`` and the sweep manifest from every complete run under ``OUT/runs``
+    (under the folder lock; leftovers of dead writers removed first). Returns the table."""
+    out = Path(out)
+    with locked(out):
+        clean_stale(out / RUNS)
+        clean_stale(out)
+        return _write_table(out, _SCANNER.rows(out / RUNS), "sweep", csv=False)
+
+
+def combine_tables(out: str | os.PathLike) -> pd.DataFrame:
+    """Rewrite ``OUT/sweep.parquet`` and ``OUT/sweep.csv`` of a several-trace sweep from the complete runs
+    of every sweep folder directly under ``OUT`` (one row per run_id). Returns the table."""
+    out = Path(out)
+    with locked(out):
+        clean_stale(out)
+        folders = sorted(e.name for e in os.scandir(out) if e.is_dir(follow_symlinks=False)
+                         and not e.name.startswith(".") and folder_kind(Path(e.path)) == "sweep")
+        rows: dict[str, dict] = {}
+        for name in folders:
+            for row in _SCANNER.rows(out / name / RUNS):
+                rows.setdefault(row["run_id"], row)
+        return _write_table(out, sorted(rows.values(), key=_order_key), "sweeps", csv=True, folders=folders)
+
+
+def trace_folder_name(workload: Workload, taken: dict[str, str] | None = None) -> str:
+    """The subfolder of a several-trace sweep for ``workload``: :func:`~kvlab.results.safe_name` of its
+    name, with a content-hash suffix when that name is reserved or ``taken`` (name -> content sha256)
+    already holds another trace under it."""
+    taken = {} if taken is None else taken
+    name = safe_name(workload.name)
+    if name in RESERVED_NAMES or taken.get(name, workload.content_sha256) != workload.content_sha256:
+        name = safe_name(f"{name}-{workload.content_sha256[:8]}")
+    taken[name] = workload.content_sha256
+    return name
+
+
+# ----------------------------------------------------------------------------- running
+def _compute(workload: Workload, config: ReplayConfig, encodings: dict[tuple, object]) -> ReplayResult:
+    hkey = tuple(getattr(config, f) for f in HASH_FIELDS)
+    if hkey not in encodings:
+        encodings[hkey] = encode(workload, config)
+    return replay(workload, config, encoded=encodings[hkey])
+
+
 def run_sweep(
     workload: Workload,
     configs: Sequence[ReplayConfig],
@@ -43,55 +284,95 @@ def run_sweep(
     resume: bool = True,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Replay ``workload`` under each config; return (and with ``out``, write) one row per run.
+    """Replay ``workload`` under each config; return one row per config, in config order.
 
-    Hashing is done once per distinct hash setting. With ``out`` and ``resume``, runs already on disk
-    with the same config are read back instead of replayed.
-    """
-    out_path = Path(out) if out is not None else None
-    rows: list[dict] = []
+    With ``out`` (checked first: absent, empty or a kvlab sweep folder): each run is written to
+    ``out/runs/<run_id>/`` and the folder's table rebuilt after it. With ``resume`` a complete run of the
+    same run_id is read back instead of replayed; without, every run is replayed and replaced. Several
+    processes may sweep one folder at once: each run is computed by one of them. Hashing is done once
+    per distinct hash setting."""
+    planned = plan(workload, configs)
     encodings: dict[tuple, object] = {}
-    bar = tqdm(configs, disable=not progress, desc=f"sweep {workload.name}", unit="run")
-    for config in bar:
-        run_dir = out_path / "runs" / config_hash(config.to_dict()) if out_path else None
-        if run_dir is not None and resume and is_complete(run_dir, config.to_dict()):
-            summary = read_results(run_dir).summary
-        else:
-            hkey = tuple(getattr(config, f) for f in HASH_FIELDS)
-            if hkey not in encodings:
-                encodings[hkey] = encode(workload, config)
-            result = replay(workload, config, encoded=encodings[hkey])
-            summary = result.summary
-            if run_dir is not None:
-                result.save(run_dir)
-        bar.set_postfix(policy=config.policy, capacity=config.capacity_blocks)
-        rows.append({"trace": workload.name, "config_hash": config_hash(config.to_dict()), **summary})
-        if out_path is not None:
-            _write_table(out_path, pd.DataFrame(rows), workload, configs)
-    return pd.DataFrame(rows)
+    desc = f"sweep {safe_name(workload.name)}"
+    if out is None:
+        rows = []
+        for config, identity, _ in tqdm(planned, disable=not progress, desc=desc, unit="run"):
+            result = _compute(workload, config, encodings)
+            rows.append(table_row(run_manifest(workload, config, identity, result), result.summary))
+        return pd.DataFrame(rows)
+
+    out = prepare_folder(out, "sweep")
+    runs = out / RUNS
+    runs.mkdir(exist_ok=True)
+    unique = {rid: (config, identity) for config, identity, rid in planned}
+    pending = list(unique)
+    bar = tqdm(total=len(pending), disable=not progress, desc=desc, unit="run")
+    for blocking in (False, True):  # first pass skips runs another process holds; second waits for them
+        deferred = []
+        for rid in pending:
+            config, identity = unique[rid]
+            if resume and _SCANNER.row(runs / rid) is not None:
+                bar.update(1)
+                continue
+            with locked(out / LOCKS / f"{rid}.lock", blocking=blocking) as held:
+                if not held:
+                    deferred.append(rid)
+                    continue
+                computed = not (resume and _SCANNER.row(runs / rid) is not None)
+                if computed:
+                    bar.set_postfix(policy=config.policy, capacity=config.capacity_blocks, mode=config.mode)
+                    result = _compute(workload, config, encodings)
+                    write_results(runs / rid, {"requests": result.requests}, result.summary,
+                                  run_manifest(workload, config, identity, result))
+            bar.update(1)
+            if computed:
+                rebuild_table(out)
+                checkpoint("between-runs")
+        pending = deferred
+    bar.close()
+    table = rebuild_table(out)
+    where = {rid: i for i, rid in enumerate(table["run_id"])} if len(table) else {}
+    missing = [rid for _, _, rid in planned if rid not in where]
+    if missing:
+        raise ResultsError(f"{runs / missing[0]}: run not complete after the sweep (modified while running?)")
+    return table.iloc[[where[rid] for _, _, rid in planned]].reset_index(drop=True)
 
 
-def _write_table(out: Path, table: pd.DataFrame, workload: Workload, configs: Sequence[ReplayConfig]) -> None:
-    """Rewrite ``sweep.parquet`` + manifest atomically (the ``runs/`` folder is left in place)."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".sweep.parquet.tmp"
-    table.to_parquet(tmp, index=False)
-    tmp.replace(out / "sweep.parquet")
-    manifest = build_manifest(
-        {"configs": [c.to_dict() for c in configs]},
-        trace={"name": workload.name, "source": workload.source, "sha256": workload.checksum,
-               "requests": len(workload)},
-        seed=configs[0].seed if configs else None,
-        driver="sweep",
-    )
-    tmp_m = out / ".manifest.json.tmp"
-    tmp_m.write_text(dumps(manifest) + "\n")
-    tmp_m.replace(out / "manifest.json")
+def run_sweeps(
+    workloads: Iterable[Workload],
+    configs: Sequence[ReplayConfig],
+    out: str | Path,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """``kvlab sweep``: :func:`run_sweep` of each workload into ``out/<trace_folder_name>/``, the combined
+    table (:func:`combine_tables`) rebuilt after each trace. ``out`` is checked before the first workload
+    is taken from ``workloads`` (so they may be loaded lazily). Returns this call's rows, trace by trace."""
+    out = prepare_folder(out, "sweeps")
+    taken: dict[str, str] = {}
+    frames = []
+    for workload in workloads:
+        sub = out / trace_folder_name(workload, taken)
+        frames.append(run_sweep(workload, configs, sub, resume=resume, progress=progress))
+        combine_tables(out)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def read_sweep(out: str | Path) -> pd.DataFrame:
-    """The ``sweep.parquet`` table of a sweep folder."""
-    return pd.read_parquet(Path(out) / "sweep.parquet")
+    """The ``sweep.parquet`` table of a sweep folder (ResultsError naming it when missing or damaged)."""
+    return read_table(Path(out) / TABLE)
 
 
-__all__ = ["grid", "read_sweep", "run_sweep"]
+__all__ = [
+    "TIMING_COLUMNS",
+    "combine_tables",
+    "grid",
+    "plan",
+    "prepare_folder",
+    "read_sweep",
+    "rebuild_table",
+    "run_sweep",
+    "run_sweeps",
+    "trace_folder_name",
+]

@@ -3,21 +3,25 @@
     OUT/requests.parquet   one row per request, trace order
     OUT/<table>.parquet    further tidy tables (time series, sweeps) when a driver has them
     OUT/summary.json       aggregate metrics (DESIGN.md names)
-    OUT/manifest.json      config, trace checksum, package versions, git revision, seed, command
+    OUT/manifest.json      identity and run_id, config, trace, seed, versions, git revision, command, and
+                           ``files``: the sha256 and size of every other file; written last
 
-A run is written into a hidden temporary folder beside OUT and renamed into place, so a crash never
-leaves a half-written OUT.
+Rules (docs/results.md): kvlab never deletes or moves what it did not write. ``OUT`` may be absent, an
+empty folder, or a kvlab run (then it is replaced); anything else is refused with
+:class:`~kvlab.errors.ResultsLocationError` before any work. A run is written into a hidden temporary
+folder beside ``OUT`` and swapped into place atomically, so at every instant ``OUT`` is the complete old
+run or the complete new one. A run is complete when every file its manifest lists exists with the
+recorded size and sha256.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,12 +29,28 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from kvlab.errors import ResultsError, ResultsLocationError
+from kvlab.results.faults import checkpoint
+from kvlab.results.identity import SEMANTICS_VERSION, run_id, run_identity
+from kvlab.results.jsonio import dumps, json_default  # noqa: F401  (dumps re-exported)
+from kvlab.results.paths import (
+    clean_stale,
+    file_entry,
+    is_run_file_name,
+    make_temp_dir,
+    release_temp,
+    remove_kvlab_folder,
+    replace_folder,
+    safe_name,
+)
 from kvlab.workload._common import sha256_file as file_sha256  # noqa: F401  (re-exported)
 
 MANIFEST_VERSION = 1
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+KINDS = ("run", "sweep", "sweeps")
 TRACKED_PACKAGES = ("kvlab", "numpy", "pandas", "pyarrow", "numba", "xxhash", "torch", "transformers")
 
 
@@ -48,24 +68,8 @@ class RunResult:
         return self.tables["requests"]
 
 
-def _json_default(obj: object) -> object:
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def dumps(obj: object, *, sort_keys: bool = True) -> str:
-    """JSON text with numpy scalars converted; keys sorted by default (stable for diffs and hashing)."""
-    return json.dumps(obj, indent=2, sort_keys=sort_keys, default=_json_default)
-
-
-def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str | None]:
+@functools.cache
+def _package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in names:
         try:
@@ -73,6 +77,11 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    """Versions of Python and ``names`` (None where not installed), read once per process."""
+    return dict(_package_versions(tuple(names)))
 
 
 def git_revision(path: Path | None = None) -> str | None:
@@ -91,69 +100,288 @@ def git_revision(path: Path | None = None) -> str | None:
     return rev + ("+dirty" if dirty else "")
 
 
+_GIT_REVISION: list[str | None] = []
+
+
+def _cached_git_revision() -> str | None:
+    """:func:`git_revision`, asked once per process (a sweep writes many manifests)."""
+    if not _GIT_REVISION:
+        _GIT_REVISION.append(git_revision())
+    return _GIT_REVISION[0]
+
+
 def config_hash(config: dict) -> str:
-    """A short stable id of a config (used to resume sweeps)."""
+    """A short stable id of a config alone (kept for old callers; runs are identified by ``run_id``)."""
     return hashlib.sha256(dumps(config).encode()).hexdigest()[:16]
 
 
-def build_manifest(config: dict, *, trace: dict | None = None, seed: int | None = None, driver: str) -> dict:
-    """The provenance of a run: what was run on what, with which code."""
+def build_manifest(
+    config: dict,
+    *,
+    trace: dict | None = None,
+    seed: int | None = None,
+    driver: str,
+    identity: dict | None = None,
+) -> dict:
+    """The provenance of a run: what was run on what, with which code, and its identity.
+
+    ``identity`` defaults to :func:`~kvlab.results.identity.run_identity` ``(config, trace)`` when
+    ``trace`` carries ``content_sha256`` (pass ``Workload.identity()``), else it is recorded as None.
+    ``files`` is filled in by :func:`write_results`."""
+    trace = trace or {}
+    if identity is None and "content_sha256" in trace:
+        identity = run_identity(config, trace)
     return {
         "manifest_version": MANIFEST_VERSION,
+        "kind": "run",
         "driver": driver,
+        "semantics_version": SEMANTICS_VERSION,
+        "identity": identity,
+        "run_id": run_id(identity) if identity is not None else None,
         "config": config,
         "config_hash": config_hash(config),
-        "trace": trace or {},
+        "trace": trace,
         "seed": seed,
         "versions": package_versions(),
-        "git_revision": git_revision(),
+        "git_revision": _cached_git_revision(),
         "command": sys.argv,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
-def write_results(out: str | Path, tables: dict[str, pd.DataFrame], summary: dict, manifest: dict) -> Path:
-    """Write a run to ``out`` atomically (replacing an existing run there). Returns the path."""
-    out = Path(out)
-    if "requests" not in tables:
-        raise ValueError("a run needs a 'requests' table")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+# ----------------------------------------------------------------------------- where results may go
+def manifest_kind(manifest: object) -> str | None:
+    """``"run"``, ``"sweep"`` or ``"sweeps"`` for a kvlab manifest, None for anything else."""
+    if not isinstance(manifest, dict) or "manifest_version" not in manifest:
+        return None
+    kind = manifest.get("kind")
+    if kind in KINDS:
+        return kind
+    driver = manifest.get("driver")
+    return driver if driver in ("sweep", "sweeps") else "run"
+
+
+def folder_kind(path: Path) -> str | None:
+    """The kind of kvlab result in folder ``path`` (from its manifest), None if it holds none."""
     try:
-        for name, frame in tables.items():
-            frame.to_parquet(tmp / f"{name}.parquet", index=False)
-        (tmp / "summary.json").write_text(dumps(summary, sort_keys=False) + "\n")
-        (tmp / "manifest.json").write_text(dumps(manifest) + "\n")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return manifest_kind(json.loads((path / MANIFEST).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _refuse(path: Path, what: str, todo: str) -> ResultsLocationError:
+    return ResultsLocationError(f"{path}: {what}; {todo}")
+
+
+def _probe_writable(folder: Path, out: Path) -> None:
+    """Create and remove a hidden temporary file in ``folder``; refuse ``out`` if that fails."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".kvlab-probe.", dir=folder)
+    except OSError as exc:
+        raise _refuse(out, f"cannot write in {folder} ({exc.strerror or exc})",
+                      "choose a writable location for --out") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def check_output_location(out: str | os.PathLike, kind: str = "run") -> Path:
+    """Refuse an output location before any work is done; return it as an absolute path.
+
+    Accepted: an absent path (its nearest existing ancestor a writable folder), an empty folder, or a
+    folder holding a kvlab result of the same ``kind`` (a run folder must hold only kvlab file names,
+    since replacing it deletes them). Refused with ResultsLocationError: a file or symbolic link, a
+    non-empty folder that is not a kvlab result, a kvlab result of another kind (a sweep given as a
+    run's out or vice versa), a location that cannot be written. Creates nothing that stays."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    out = Path(os.path.abspath(os.fspath(out)))
+    if not out.name:
+        raise _refuse(out, "is a file-system root", "give a folder below it")
+    if out.is_symlink():
+        raise _refuse(out, "is a symbolic link", "give the real folder path (kvlab replaces OUT as a whole)")
+    if out.exists():
+        if not out.is_dir():
+            raise _refuse(out, "is a file, not a folder", "give a new or empty folder for the results")
+        try:
+            entries = sorted(os.listdir(out))
+        except OSError as exc:
+            raise _refuse(out, f"cannot be read ({exc.strerror})", "choose another folder") from None
+        if entries:
+            found = folder_kind(out)
+            if found is None:
+                raise _refuse(out, "is not empty and holds no kvlab result",
+                              "give a new or empty folder (kvlab never deletes files it did not write)")
+            if found != kind:
+                raise _refuse(out, f"holds a kvlab {found}, not a {kind}",
+                              f"give another folder for this {kind}")
+            if kind == "run":
+                foreign = [e for e in entries if not (is_run_file_name(e) and (out / e).is_file()
+                                                      and not (out / e).is_symlink())]
+                if foreign:
+                    raise _refuse(out, f"holds files kvlab did not write ({', '.join(foreign[:3])})",
+                                  "move them away or give another folder")
+        if kind == "run":
+            if not os.access(out, os.W_OK | os.X_OK):
+                raise _refuse(out, "cannot be modified", "choose a writable location for --out")
+            _probe_writable(out.parent, out)
+        else:
+            _probe_writable(out, out)
+        return out
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise _refuse(out, f"{ancestor} is a file, not a folder", "give a path below a folder")
+    _probe_writable(ancestor, out)
     return out
 
 
-def read_results(path: str | Path) -> RunResult:
-    """Read a run written by :func:`write_results`."""
+# ----------------------------------------------------------------------------- writing a run
+def _check_table_name(name: str) -> None:
+    if safe_name(name) != name:
+        raise ValueError(f"table name {name!r} is not a safe file name ([A-Za-z0-9._-], no leading dot)")
+
+
+def write_results(out: str | Path, tables: dict[str, pd.DataFrame], summary: dict, manifest: dict) -> Path:
+    """Write a run to ``out`` atomically and return its absolute path.
+
+    ``out`` is checked first (:func:`check_output_location`, kind ``"run"``). The tables, ``summary.json``
+    and finally ``manifest.json`` (with ``files``: sha256 and bytes of each) go into a hidden temporary
+    folder beside ``out``, which is then swapped in (:func:`~kvlab.results.paths.replace_folder`): no
+    instant without a complete ``out``; the previous run's files are deleted after the swap."""
+    if "requests" not in tables:
+        raise ValueError("a run needs a 'requests' table")
+    for name in tables:
+        _check_table_name(name)
+    out = check_output_location(out, "run")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(out.parent, [out.name])
+    tmp = make_temp_dir(out.parent, out.name)
+    try:
+        files: dict[str, dict] = {}
+        for name, frame in tables.items():
+            path = tmp / f"{name}.parquet"
+            frame.to_parquet(path, index=False)
+            files[path.name] = file_entry(path)
+            checkpoint("run-file")
+        (tmp / SUMMARY).write_text(dumps(summary, sort_keys=False) + "\n")
+        files[SUMMARY] = file_entry(tmp / SUMMARY)
+        checkpoint("run-file")
+        (tmp / MANIFEST).write_text(dumps({**manifest, "kind": "run", "files": files}) + "\n")
+        checkpoint("run-commit")
+        replace_folder(tmp, out)
+    except BaseException:
+        if tmp.exists():
+            remove_kvlab_folder(tmp)
+        raise
+    finally:
+        release_temp(tmp)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading a run back
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of results folder ``path``; ResultsError naming the file when absent or not valid."""
+    file = Path(path) / MANIFEST
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: not a kvlab results folder (no {MANIFEST})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{file}: cannot be read ({exc})") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+                           "the file is truncated or corrupt") from None
+    if manifest_kind(manifest) is None:
+        raise ResultsError(f"{file}: not a kvlab manifest (no manifest_version)")
+    return manifest
+
+
+def verify_files(path: Path, manifest: dict) -> None:
+    """Check every file the manifest lists: present, recorded size, recorded sha256 (ResultsError)."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ResultsError(f"{path / MANIFEST}: lists no files (written by an older kvlab, or incomplete)")
+    for name, entry in sorted(files.items()):
+        if not isinstance(name, str) or safe_name(name) != name or not isinstance(entry, dict):
+            raise ResultsError(f"{path / MANIFEST}: bad file entry {name!r}")
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise ResultsError(f"{file}: missing (listed in {MANIFEST})") from None
+        if size != entry.get("bytes"):
+            raise ResultsError(f"{file}: {size} bytes, but {MANIFEST} records {entry.get('bytes')} "
+                               "(truncated or replaced)")
+        if file_entry(file)["sha256"] != entry.get("sha256"):
+            raise ResultsError(f"{file}: sha256 differs from the one {MANIFEST} records (corrupt or modified)")
+
+
+def verify_run(path: str | Path, expected_run_id: str | None = None) -> dict:
+    """The manifest of a complete run at ``path`` (of ``expected_run_id`` when given); ResultsError
+    naming the file and the problem otherwise."""
     path = Path(path)
-    if not (path / "manifest.json").exists():
-        raise FileNotFoundError(f"{path}: not a kvlab results folder (no manifest.json)")
-    tables = {p.stem: pd.read_parquet(p) for p in sorted(path.glob("*.parquet"))}
-    return RunResult(
-        path=path,
-        tables=tables,
-        summary=json.loads((path / "summary.json").read_text()),
-        manifest=json.loads((path / "manifest.json").read_text()),
-    )
+    manifest = read_manifest(path)
+    if expected_run_id is not None and manifest.get("run_id") != expected_run_id:
+        raise ResultsError(f"{path / MANIFEST}: run_id {manifest.get('run_id')!r}, expected {expected_run_id!r}")
+    identity = manifest.get("identity")
+    if identity is not None and manifest.get("run_id") != run_id(identity):
+        raise ResultsError(f"{path / MANIFEST}: run_id does not match the recorded identity (modified)")
+    verify_files(path, manifest)
+    return manifest
 
 
-def is_complete(path: str | Path, config: dict) -> bool:
-    """True if ``path`` holds a finished run of exactly ``config`` (for resuming sweeps)."""
-    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
-        manifest = json.loads((Path(path) / "manifest.json").read_text())
-        return manifest["config_hash"] == config_hash(config)
-    return False
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def read_table(file: Path) -> pd.DataFrame:
+    """A parquet table; ResultsError naming the file when missing or unreadable (truncated, corrupt)."""
+    try:
+        return pd.read_parquet(file)
+    except FileNotFoundError:
+        raise ResultsError(f"{file}: missing") from None
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise ResultsError(f"{file}: not a readable parquet table, truncated or corrupt ({_one_line(exc)})") from None
+
+
+def read_json(file: Path) -> object:
+    """A JSON file; ResultsError naming the file when missing or not valid JSON."""
+    try:
+        return json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{file}: missing") from None
+    except (ValueError, OSError) as exc:
+        raise ResultsError(f"{file}: not valid JSON, truncated or corrupt ({_one_line(exc)})") from None
+
+
+def read_results(path: str | Path) -> RunResult:
+    """Read a run written by :func:`write_results`, checking every file against the manifest's sizes and
+    checksums. Raises ResultsError naming the file and what is wrong (never a raw parser traceback).
+    Runs from before manifests listed their files are read without the checks."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if "files" in manifest:
+        verify_files(path, manifest)
+        names = sorted(n for n in manifest["files"] if n.endswith(".parquet"))
+    else:
+        names = sorted(p.name for p in path.glob("*.parquet"))
+    tables = {n[: -len(".parquet")]: read_table(path / n) for n in names}
+    summary = read_json(path / SUMMARY)
+    if not isinstance(summary, dict):
+        raise ResultsError(f"{path / SUMMARY}: expected a JSON object")
+    return RunResult(path=path, tables=tables, summary=summary, manifest=manifest)
+
+
+def is_complete(path: str | Path, identity: dict | str | None = None) -> bool:
+    """True if ``path`` holds a complete run (manifest readable, every listed file present with its
+    recorded size and sha256) of ``identity`` (an identity dict or a run_id; None: any run)."""
+    expected = run_id(identity) if isinstance(identity, dict) else identity
+    try:
+        verify_run(path, expected)
+    except ResultsError:
+        return False
+    return True
