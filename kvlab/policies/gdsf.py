@@ -52,8 +52,9 @@ from kvlab.policies.base import register_policy
 
 LLAMA2_7B_ATTENTION_RATIO = 4 * 32 * 4096 / (2 * 6.74e9)
 #: attention FLOPs per context token over linear FLOPs per token: about 1 / (6 d_model) for a
-#: transformer, so at most 1/6; up to 1 is allowed (above, costs and priorities may overflow)
-AttentionRatio = Annotated[float, Field(ge=0, le=1)]
+#: transformer (at most 1/6); up to 1e6 (cost = position alone, as the exactness tests use) keeps
+#: ``frequency * cost`` and the clock far from float overflow
+AttentionRatio = Annotated[float, Field(ge=0, le=10**6)]
 
 
 def block_cost(position: int, block_size: int, attention_ratio: float) -> float:
