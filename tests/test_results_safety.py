@@ -141,6 +141,23 @@ def test_sweep_refuses_foreign_folder_before_any_replay(tmp_path, chat, monkeypa
     assert _entries(tmp_path) == ["data.csv"]
 
 
+def test_damaged_sweep_manifest_is_named(tmp_path, chat):
+    out = tmp_path / "S"
+    run_sweep(chat, _python_grid((8,)), out, progress=False)
+    (out / "manifest.json").write_text('{"manifest_version": 1, "kin')
+    with pytest.raises(ResultsLocationError, match=r"unreadable manifest\.json \(JSONDecodeError"):
+        run_sweep(chat, _python_grid((8,)), out, progress=False)
+    (out / "manifest.json").write_text('{"mine": 1}')  # a user's own manifest.json: not kvlab's
+    with pytest.raises(ResultsLocationError, match="holds no kvlab result"):
+        check_output_location(out, "sweep")
+
+
+def test_another_writers_temporary_does_not_make_a_folder_foreign(tmp_path):
+    (tmp_path / f"{temp_prefix('manifest.json')}x1y2").write_text("")  # a concurrent sweep starting up
+    (tmp_path / ".kvlab-probe.abc").write_text("")
+    assert check_output_location(tmp_path, "sweep") == tmp_path
+
+
 def test_run_folder_with_foreign_file_is_refused(tmp_path):
     out = _write_run(tmp_path / "run")
     (out / "notes.txt").write_text("mine")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -217,16 +218,23 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    """libc's ``renameat2``, or None where the C library lacks it."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+    return fn
+
+
 def exchange(a: Path, b: Path) -> None:
     """Swap two existing paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``): at every instant each
     name refers to one complete folder. Raises OSError (ENOSYS where the C library lacks renameat2,
     EINVAL where the file system refuses the exchange)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
+    fn = _renameat2()
     if fn is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available", str(a))
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(a), None, str(b))
@@ -242,12 +250,13 @@ def replace_folder(new: Path, out: Path) -> str:
     instant without a complete ``out``), or ``"renamed-aside"`` where the file system refuses exchange
     (the old copy is renamed to a hidden kvlab name, the new one renamed in, the old one deleted; a
     crash between the two renames leaves the old copy under that hidden name)."""
-    if not out.exists():
-        os.rename(new, out)
-        return "created"
-    if out.is_dir() and not any(os.scandir(out)):
-        os.rename(new, out)  # rename onto an empty folder replaces it atomically
-        return "created"
+    if not out.exists() or (out.is_dir() and not any(os.scandir(out))):
+        try:
+            os.rename(new, out)  # onto nothing, or onto an empty folder: atomic
+            return "created"
+        except OSError as exc:  # another writer put a run there meanwhile: replace it like any run
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     try:
         exchange(new, out)
         method, old = "exchanged", new

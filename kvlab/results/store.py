@@ -36,6 +36,7 @@ from kvlab.results.faults import checkpoint
 from kvlab.results.identity import SEMANTICS_VERSION, run_id, run_identity
 from kvlab.results.jsonio import dumps, json_default  # noqa: F401  (dumps re-exported)
 from kvlab.results.paths import (
+    TEMP_RE,
     clean_stale,
     file_entry,
     is_run_file_name,
@@ -206,8 +207,16 @@ def check_output_location(out: str | os.PathLike, kind: str = "run") -> Path:
             entries = sorted(os.listdir(out))
         except OSError as exc:
             raise _refuse(out, f"cannot be read ({exc.strerror})", "choose another folder") from None
+        # kvlab's own transient names (another writer's temporary or probe) do not make a folder non-empty
+        entries = [e for e in entries if not (TEMP_RE.match(e) or e.startswith(".kvlab-probe."))]
         if entries:
             found = folder_kind(out)
+            if found is None and MANIFEST in entries:
+                try:
+                    json.loads((out / MANIFEST).read_text())
+                except (ValueError, OSError) as exc:
+                    raise _refuse(out, f"holds an unreadable {MANIFEST} ({_one_line(exc)})",
+                                  "repair or move it, or give another folder") from None
             if found is None:
                 raise _refuse(out, "is not empty and holds no kvlab result",
                               "give a new or empty folder (kvlab never deletes files it did not write)")
