@@ -6,24 +6,37 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from kvlab.errors import KvlabError
+from pydantic import Field
+
+from kvlab.errors import ConfigError, KvlabError
 
 FORMATS = ("mooncake", "alibaba", "jsonl", "parquet")
 
 
-def _load(args: argparse.Namespace):
+def _selection(trace: str, args: argparse.Namespace):
+    """The validated trace selection (path or name, format, --limit): checked before anything is read."""
+    from kvlab.schema import TraceSelection
+
+    return TraceSelection(trace=str(trace), format=args.format, limit=args.limit)
+
+
+def _load(args: argparse.Namespace, trace: str | None = None):
+    """Load ``trace`` (default: ``args.trace``) and keep its first ``--limit`` requests."""
     from kvlab.workload import load_trace
 
-    workload = load_trace(args.trace, format=args.format)
-    if getattr(args, "limit", None):
-        workload = workload.head(args.limit)
-    return workload
+    sel = _selection(trace if trace is not None else args.trace, args)
+    workload = load_trace(sel.trace, format=sel.format)
+    return workload.head(sel.limit) if sel.limit is not None else workload
 
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
+    from kvlab.schema import BlockSize, HashScheme, validate_fields
     from kvlab.stats import trace_stats
 
+    validate_fields("trace stats", block_size=(BlockSize | None, args.block_size), hash=(HashScheme, args.hash))
+    _selection(args.trace, args)
     workload = _load(args)
     stats = trace_stats(workload, block_size=args.block_size, hash_scheme=args.hash)
     width = max(len(k) for k in stats)
@@ -44,11 +57,13 @@ def _policy_params(items: list[str]) -> dict:
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise KvlabError(f"--policy-param expects key=value, got {item!r}")
+        if not sep or not key:
+            raise ConfigError(f"--policy-param expects KEY=VALUE, got {item!r}")
+        if key in params:
+            raise ConfigError(f"--policy-param: {key!r} given twice")
         try:
             params[key] = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             params[key] = value
     return params
 
@@ -72,11 +87,16 @@ def _replay_configs(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from kvlab.replay import replay
+    from kvlab.results import check_output_location
     from kvlab.sweep import run_sweep
 
+    _selection(args.trace, args)
+    configs = _replay_configs(args)  # every parameter checked before the trace is read
+    single = len(configs) == 1
+    if args.out:
+        check_output_location(args.out, kind="run" if single else "sweep")
     workload = _load(args)
-    configs = _replay_configs(args)
-    if len(configs) == 1:
+    if single:
         result = replay(workload, configs[0], progress=not args.quiet)
         if args.out:
             result.save(args.out)
@@ -90,8 +110,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _print_summary(rows: list[dict]) -> None:
+    """One line per run; rejected requests (larger than the cache, never served) always shown."""
     cols = ["trace", "policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
-            "ideal_hit_rate", "evictions", "replay_seconds"]
+            "ideal_hit_rate", "evictions", "rejected_requests", "replay_seconds"]
     cols = [c for c in cols if any(c in row for row in rows)]
     print("  ".join(f"{c:>15}" for c in cols))
     for row in rows:
@@ -100,36 +121,64 @@ def _print_summary(rows: list[dict]) -> None:
             v = row.get(c)
             cells.append(f"{v:>15.4f}" if isinstance(v, float) else f"{v!s:>15}")
         print("  ".join(cells))
+    for row in rows:
+        if row.get("rejected_requests"):
+            print(f"note: {row['rejected_requests']:,} of {row.get('requests', '?'):,} requests rejected at "
+                  f"capacity {row.get('capacity_blocks')} blocks (a prompt larger than the cache is never served; "
+                  f"hit rates count their prompt tokens as misses)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Every trace x policy x capacity x mode; one folder per trace plus a combined table."""
-    import pandas as pd
+    """Every trace x policy x capacity x mode; one folder per trace (a safe name) plus a combined table."""
+    from kvlab.results import check_output_location
+    from kvlab.sweep import run_sweeps
 
-    from kvlab.sweep import run_sweep
-    from kvlab.workload import load_trace
-
-    tables = []
     for trace in args.traces:
-        workload = load_trace(trace, format=args.format)
-        if args.limit:
-            workload = workload.head(args.limit)
-        out = args.out / workload.name
-        tables.append(run_sweep(workload, _replay_configs(args), out, resume=not args.no_resume,
-                                progress=not args.quiet))
-    table = pd.concat(tables, ignore_index=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / ".sweep.parquet.tmp"
-    table.to_parquet(tmp, index=False)
-    tmp.replace(args.out / "sweep.parquet")
-    table.to_csv(args.out / "sweep.csv", index=False)
+        _selection(trace, args)
+    configs = _replay_configs(args)
+    check_output_location(args.out, kind="sweeps")
+    workloads = [_load(args, trace) for trace in args.traces]  # every trace validated before the first run
+    table = run_sweeps(workloads, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
     _print_summary(table.to_dict("records"))
     print(f"results written to {args.out}")
     return 0
 
 
+def _check_new_file(path: Path) -> None:
+    """``calibrate --out``: the profile and its two companions may be written (before any measurement).
+
+    Each must be absent or a JSON file kvlab wrote (a profile or fit report: replaced atomically); the
+    folder must be creatable and writable."""
+    import tempfile
+
+    for target in (path, path.with_name(f"{path.stem}.model.json"), path.with_name(f"{path.stem}.fit.json")):
+        if target.is_dir():
+            raise ConfigError(f"{target}: is a folder; give a file name for --out (e.g. {target / 'profile.json'})")
+        if target.exists():
+            try:
+                data = json.loads(target.read_text())
+            except (OSError, ValueError, UnicodeDecodeError):
+                data = None
+            if not (isinstance(data, dict) and ("kind" in data or "fit" in data or "hardware" in data)):
+                raise ConfigError(f"{target}: exists and is not a profile kvlab wrote; give another --out "
+                                  "(kvlab never overwrites files it did not write)")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{path}: {folder} is a file, not a folder; give another --out")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write in {folder} ({exc.strerror or exc}); give another --out") from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from kvlab.demo import run_demo
+    from kvlab.results import check_output_location
+
+    check_output_location(args.out, kind="sweep")
 
     out = run_demo(args.out, quick=args.quick, progress=not args.quiet)
     print(f"demo results written to {out}")
@@ -158,37 +207,64 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 def _serve_on_engine(args: argparse.Namespace, workload):
     """``simulate --executor engine``: the same scheduler driving the real engine (random-weight model)."""
+    from kvlab.cache import pool_blocks
     from kvlab.engine import Engine, build_random_model
     from kvlab.sim.engine_executor import run_engine_serving
+    from kvlab.sim.simulator import serving_demand_blocks
 
     model = build_random_model(args.engine_model, seed=args.seed, device=args.engine_device)
-    engine = Engine(model, num_blocks=args.capacity_blocks or 1024, block_size=args.block_size or 16,
+    block_size = args.block_size or 16
+    # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
+    pool = pool_blocks(args.capacity_blocks or 1024, serving_demand_blocks(workload, block_size))
+    engine = Engine(model, num_blocks=pool, block_size=block_size,
                     num_threads=args.engine_threads if model.device.type == "cpu" else None)
     return run_engine_serving(
-        workload, engine, policy=args.policy, policy_params=_policy_params(args.policy_param),
+        workload, engine, capacity_blocks=args.capacity_blocks, policy=args.policy,
+        policy_params=_policy_params(args.policy_param),
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate,
         time_scale=args.time_scale, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
         timer=args.timer, seed=args.seed, progress=not args.quiet,
     )
 
 
+def _sim_config(args: argparse.Namespace):
+    """The simulation's validated configuration (every flag checked before any work)."""
+    from kvlab.sim.simulator import SimConfig
+
+    return SimConfig(
+        model=args.model, hardware=args.hardware, policy=args.policy, policy_params=_policy_params(args.policy_param),
+        capacity_blocks=args.capacity_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate,
+        time_scale=args.time_scale, block_size=args.block_size, tensor_parallel=args.tensor_parallel,
+        dtype=args.dtype, kv_dtype=args.kv_dtype, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
+        fast_forward=not args.no_fast_forward, instances=args.instances, router=args.router, seed=args.seed,
+    )
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Serving simulation: scheduler + cost model in simulated time (or the real engine); one results folder."""
+    from kvlab.results import check_output_location
     from kvlab.sim import simulate
+    from kvlab.sim.profiles import load_hardware, load_model
 
+    _selection(args.trace, args)
+    config = _sim_config(args)
+    if args.executor == "engine":
+        from kvlab.schema import validate_fields
+
+        validate_fields("simulate", engine_threads=(Annotated[int, Field(ge=1, le=1024)], args.engine_threads))
+    else:
+        load_model(config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)  # unknown names fail here, early
+        load_hardware(config.hardware)
+    if args.out:
+        check_output_location(args.out, kind="run")
     workload = _load(args)
     result = _serve_on_engine(args, workload) if args.executor == "engine" else simulate(
-        workload, model=args.model, hardware=args.hardware, policy=args.policy,
-        policy_params=_policy_params(args.policy_param), capacity_blocks=args.capacity_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate, time_scale=args.time_scale,
-        block_size=args.block_size, tensor_parallel=args.tensor_parallel, dtype=args.dtype, kv_dtype=args.kv_dtype,
-        cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed, fast_forward=not args.no_fast_forward,
-        instances=args.instances, router=args.router, seed=args.seed, progress=not args.quiet,
-    )
+        workload, **config.to_dict(), progress=not args.quiet)
     s = result.summary
-    for key in ("requests", "cost_model", "instances", "capacity_blocks", "block_size", "policy", "time_scale",
-                "token_hit_rate", "ideal_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+    for key in ("requests", "rejected_requests", "cost_model", "instances", "capacity_blocks", "block_size",
+                "policy", "time_scale", "token_hit_rate", "ideal_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+                "tpot_p50_s",
                 "prefill_throughput", "effective_prefill_throughput", "output_throughput", "evictions",
                 "preemptions", "readmission_hit_tokens", "makespan_s", "sim_seconds"):
         value = s.get(key)
@@ -205,9 +281,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from kvlab.engine import Engine, build_random_model
+    from kvlab.schema import BlockSize, validate_fields
     from kvlab.sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, grid_for_limits
 
-    device = torch.device(args.device)
+    positive = Annotated[int, Field(ge=1, le=1 << 20)]
+    validate_fields(
+        "calibrate", block_size=(BlockSize, args.block_size), num_blocks=(positive, args.num_blocks),
+        repeats=(Annotated[int, Field(ge=1, le=1000)], args.repeats), threads=(Annotated[int, Field(ge=1, le=1024)],
+                                                                              args.threads),
+        max_new_tokens=(positive | None, args.max_new_tokens), max_context=(positive | None, args.max_context),
+    )
+    if (args.max_new_tokens is None) != (args.max_context is None):
+        raise ConfigError("calibrate: give --max-new-tokens and --max-context together")
+    if args.out:
+        _check_new_file(args.out)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise ConfigError(f"--device: {exc}") from None
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     model = build_random_model(args.engine_model, seed=0, device=device, dtype=args.dtype)
@@ -234,9 +325,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with kvlab's error format: one ``kvlab: error: ...`` line naming the flag, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        command = self.prog.removeprefix("kvlab").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"kvlab: error: {where}{message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvlab", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="kvlab", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the Python traceback of an error")
 
     def trace_args(sp: argparse.ArgumentParser, many: bool = False) -> None:
         helptext = "path to a trace file, or a known public trace name (kvlab download --list)"
@@ -246,8 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the trace's, or 16)")
         sp.add_argument("--hash", default="xxh3_128", help="block-hash scheme (sha256, xxh3_128, xxh3_64, builtin)")
 
-    trace = sub.add_parser("trace", help="trace tools").add_subparsers(dest="trace_command", required=True)
-    stats = trace.add_parser("stats", help="requests, mean lengths, unique blocks, ideal hit rates")
+    trace = sub.add_parser("trace", parents=[common], help="trace tools").add_subparsers(
+        dest="trace_command", required=True, parser_class=_Parser)
+    stats = trace.add_parser("stats", parents=[common], help="requests, mean lengths, unique blocks, ideal hit rates")
     trace_args(stats)
     stats.set_defaults(func=cmd_trace_stats)
 
@@ -265,34 +370,36 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-resume", action="store_true", help="redo sweep runs already on disk")
         sp.add_argument("--quiet", action="store_true")
 
-    rp = sub.add_parser("replay", help="sequential cache-only replay (one run, or a sweep of several)")
+    rp = sub.add_parser("replay", parents=[common],
+                        help="sequential cache-only replay (one run, or a sweep of several)")
     trace_args(rp)
     run_args(rp)
     rp.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
     rp.set_defaults(func=cmd_replay)
 
-    sw = sub.add_parser("sweep", help="replay several traces x policies x capacities into one table")
+    sw = sub.add_parser("sweep", parents=[common], help="replay several traces x policies x capacities into one table")
     trace_args(sw, many=True)
     run_args(sw)
     sw.add_argument("--out", type=Path, required=True, help="results folder: OUT/<trace>/ + OUT/sweep.parquet")
     sw.set_defaults(func=cmd_sweep)
 
-    demo = sub.add_parser("demo", help="the main job on the embedded default workload (no download)")
+    demo = sub.add_parser("demo", parents=[common], help="the main job on the embedded default workload (no download)")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
     demo.add_argument("--quick", action="store_true", help="a smaller workload (tests, CI)")
     demo.add_argument("--quiet", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
-    dl = sub.add_parser("download", help="fetch a public trace into the cache folder")
+    dl = sub.add_parser("download", parents=[common], help="fetch a public trace into the cache folder")
     dl.add_argument("name", nargs="?")
     dl.add_argument("--list", action="store_true")
     dl.add_argument("--cache-dir", type=Path, default=None)
     dl.set_defaults(func=cmd_download)
 
-    pol = sub.add_parser("policies", help="list registered eviction policies")
+    pol = sub.add_parser("policies", parents=[common], help="list registered eviction policies")
     pol.set_defaults(func=cmd_policies)
 
-    sim = sub.add_parser("simulate", help="serving simulation: vLLM-like scheduler + roofline cost model")
+    sim = sub.add_parser("simulate", parents=[common],
+                         help="serving simulation: vLLM-like scheduler + roofline cost model")
     trace_args(sim)
     sim.add_argument("--model", default="llama-3-8b", help="shipped model name or config.json path/folder")
     sim.add_argument("--hardware", default="h100", help="shipped hardware name (h100, h200, a100-80gb, l40s, "
@@ -329,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="engine clock: wall time, or the serving thread's CPU time (shared CPUs)")
     sim.set_defaults(func=cmd_simulate)
 
-    cal = sub.add_parser("calibrate", help="fit a hardware profile's efficiencies to the real engine's step times")
+    cal = sub.add_parser("calibrate", parents=[common],
+                         help="fit a hardware profile's efficiencies to the real engine's step times")
     cal.add_argument("--engine-model", default="cpu-bench", help="random-weight model shape")
     cal.add_argument("--device", default="cpu")
     cal.add_argument("--dtype", default=None, help="model dtype (default: the shape's)")
@@ -352,12 +460,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. A user's mistake ends in one ``kvlab: error: ...`` line and exit code 2 (``--debug``
+    shows the traceback); an interruption in exit code 130; anything else is a kvlab bug and keeps its
+    traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a flag argparse refused (2, message already printed)
+        return int(exc.code or 0)
+    debug = getattr(args, "debug", False)
     try:
         return args.func(args)
     except KvlabError as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"kvlab: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or folder the user named: missing, unreadable, full disk
+        if debug or exc.filename is None and exc.errno is None:
+            raise
+        print(f"kvlab: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        if debug:
+            raise
+        print("kvlab: error: out of memory (a smaller --limit, capacity or trace would fit)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("kvlab: interrupted (finished runs are kept; rerun the same command to resume)", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 if __name__ == "__main__":

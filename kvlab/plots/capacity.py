@@ -18,12 +18,24 @@ def plot_hit_rate_vs_capacity(
 ) -> Axes:
     """Plot ``metric`` against ``capacity_blocks`` from a sweep table (``kvlab.sweep.run_sweep``).
 
-    With ``ideal``, the unbounded-capacity hit rate is drawn as a dashed line.
+    With ``ideal``, the unbounded-capacity hit rate is drawn as a dashed line. Runs that rejected
+    requests (a prompt larger than the cache: never served, its tokens counted as misses) are circled in
+    red and labelled with the number rejected, so a low point is never mistaken for a policy effect.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.6))
+    rejected_label = "rejected requests (prompt > cache)"
     for name, group in table.sort_values("capacity_blocks").groupby(hue, sort=True):
         ax.plot(group["capacity_blocks"], group[metric], marker="o", label=str(name))
+        if "rejected_requests" in group:
+            bad = group[group["rejected_requests"] > 0]
+            if len(bad):
+                ax.scatter(bad["capacity_blocks"], bad[metric], s=110, facecolors="none", edgecolors="red",
+                           linewidths=1.5, zorder=3, label=rejected_label)
+                rejected_label = "_nolegend_"
+                for x, y, k in zip(bad["capacity_blocks"], bad[metric], bad["rejected_requests"], strict=True):
+                    ax.annotate(f"{int(k):,} rejected", (x, y), textcoords="offset points", xytext=(4, -12),
+                                fontsize=7, color="red")
     if ideal and "ideal_hit_rate" in table:
         ax.axhline(table["ideal_hit_rate"].max(), ls="--", c="grey", lw=1, label="infinite cache")
     ax.set_xscale("log")

@@ -75,8 +75,12 @@ class _JsonProfile:
         return {"kind": self.KIND, **dataclasses.asdict(self)}  # type: ignore[call-overload]
 
     def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON, atomically (a temporary in the same folder, then renamed)."""
+        from kvlab.results.paths import atomic_write_file
+
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        atomic_write_file(path, lambda tmp: tmp.write_text(text))
         return path
 
     @classmethod
