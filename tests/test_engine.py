@@ -18,7 +18,6 @@ import torch
 from _util import random_token_workload
 
 from kvlab.engine import (
-    FAULTS,
     AdapterSet,
     Engine,
     KVLayout,
@@ -28,6 +27,7 @@ from kvlab.engine import (
     build_random_model,
     load_model,
 )
+from kvlab.engine.faults import FAULTS, FaultyEngine
 from kvlab.engine.model import forward_logits, kv_from_cache
 from kvlab.engine.verify import reference_prefill
 from kvlab.engine.workloads import clip_prompts, prefix_variants
@@ -52,6 +52,13 @@ def engine(model, **kw) -> Engine:
     kw.setdefault("num_blocks", 32)
     kw.setdefault("block_size", 8)
     return Engine(model, num_threads=1, **kw)
+
+
+def faulty_engine(model, faults: dict, **kw) -> FaultyEngine:
+    """:func:`engine` with ``faults`` injected (the mutation tests of the oracle)."""
+    kw.setdefault("num_blocks", 32)
+    kw.setdefault("block_size", 8)
+    return FaultyEngine(model, faults=faults, num_threads=1, **kw)
 
 
 def uncached(model, tokens) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +208,7 @@ def test_not_admitted_changes_nothing_and_bad_requests_fail(model):
     with pytest.raises(ConfigError, match="AdapterSet"):
         eng.prefill(Request(np.arange(5), adapter="lora-a"))
     with pytest.raises(ConfigError, match="unknown fault"):
-        engine(model, faults={"flip": True})
+        faulty_engine(model, {"flip": True})
     full = eng.prefill(Request(np.arange(24)))
     with pytest.raises(CapacityError):
         eng.decode(full.state, 1)  # a 4th block is needed and none is free
@@ -270,7 +277,7 @@ MUTATIONS = {
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_verify_catches_each_mutation(model, name):
     faults, failing = MUTATIONS[name]
-    res = engine(model, num_blocks=6, faults=faults).run(mutation_workload(), verify=True, verify_tokens=2)
+    res = faulty_engine(model, faults, num_blocks=6).run(mutation_workload(), verify=True, verify_tokens=2)
     f = res.requests
     assert f["hit_blocks"].tolist() == ([0, 4, 0, 4] if name == "reuse_evicted" else [0, 4, 0, 2])
     assert f["evictions"].sum() > 0

@@ -4,17 +4,13 @@ Importing this package needs torch and transformers (CPU builds suffice); nothin
 """
 
 from kvlab.engine.adapters import AdapterSet
-from kvlab.engine.engine import (
-    FAULTS,
-    DecodeResult,
-    Engine,
-    EngineResult,
-    PrefillResult,
-    Request,
-    SequenceState,
-)
+from kvlab.engine.compute import PagedModel, sync_device
+from kvlab.engine.driver import Engine
+from kvlab.engine.faults import FAULTS, FaultyEngine
 from kvlab.engine.kv_pool import KVLayout, KVPool
 from kvlab.engine.model import SHAPES, build_random_model, load_model, resolve_device, shape_config
+from kvlab.engine.request import DecodeResult, PrefillResult, Request, SequenceState
+from kvlab.engine.result import EngineResult
 from kvlab.engine.unsafe import SCENARIOS, UnsafeScenario, measure_unsafe, unsafe_scenarios
 from kvlab.engine.verify import TOLERANCES, Tolerance, VerifyReport, verify_prefill
 from kvlab.engine.workloads import clip_prompts, prefix_variants
@@ -28,8 +24,10 @@ __all__ = [
     "DecodeResult",
     "Engine",
     "EngineResult",
+    "FaultyEngine",
     "KVLayout",
     "KVPool",
+    "PagedModel",
     "PrefillResult",
     "Request",
     "SequenceState",
@@ -43,6 +41,7 @@ __all__ = [
     "prefix_variants",
     "resolve_device",
     "shape_config",
+    "sync_device",
     "unsafe_scenarios",
     "verify_prefill",
 ]

@@ -40,8 +40,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvlab.engine.engine import Engine, Request, _sync
+from kvlab.engine.compute import sync_device
+from kvlab.engine.driver import Engine
 from kvlab.engine.model import cache_from_kv, forward_logits
+from kvlab.engine.request import Request
 from kvlab.errors import ConfigError
 
 HIT_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9)
@@ -108,10 +110,10 @@ def sweep_blocks(prompt_tokens: int, block_size: int, fractions: Sequence[float]
 
 def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float, float]:
     """(result, wall seconds, process CPU seconds) of ``fn()``, device-synchronised before and after."""
-    _sync(device)
+    sync_device(device)
     c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
-    _sync(device)
+    sync_device(device)
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -134,7 +136,7 @@ def run_sweep(
     One row per measured request: ``method`` (``engine``, ``transformers``, ``transformers+copy``),
     ``fraction, repeat, prompt_tokens, hit_tokens, computed_tokens``, ``prefill_s`` (TTFT, wall) and
     ``cpu_s`` (process CPU time of the call); engine rows add the
-    :class:`~kvlab.engine.engine.PrefillResult` phases (``hash_s`` is part of ``lookup_s``) and
+    :class:`~kvlab.engine.request.PrefillResult` phases (``hash_s`` is part of ``lookup_s``) and
     ``bookkeeping_s`` = lookup + gather + scatter. ``verify=True`` runs the oracle (2 greedy tokens) on the
     engine's last request per ``h``, outside the timings: ``verify_*`` columns, NaN elsewhere.
     """

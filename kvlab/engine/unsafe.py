@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from kvlab.engine.adapters import AdapterSet
-from kvlab.engine.engine import Engine
+from kvlab.engine.driver import Engine
 from kvlab.engine.model import model_id, vocab_size
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher

@@ -1,0 +1,99 @@
+"""Fault injection for the oracle's mutation tests: an engine that breaks one step on purpose.
+
+:class:`FaultyEngine` is an :class:`~kvlab.engine.driver.Engine` with ``faults`` switched on; each fault
+overrides one seam of the engine (the honest engine's seams are identities), so nothing of this runs in
+an ordinary ``Engine``. It exists to show that the oracle (:mod:`kvlab.engine.verify`) catches each bug
+(tests/test_engine.py, "mutations"). Never use it for measurements.
+
+Faults (name, value type: the seam it overrides — what breaks):
+
+* ``position_offset``, int: ``_suffix_start`` — the suffix after a hit starts at ``hit_tokens + offset``;
+* ``wrong_block``, bool: ``_gather_ids`` — the gather reads block ``(b + 1) % num_blocks`` for hit block ``b``;
+* ``stale_block``, bool: ``_compute_prefill`` — a prefill's K/V writes into blocks taken by eviction are lost;
+* ``reuse_evicted``, bool: ``_lookup`` and ``_cached`` — a never-invalidated key -> block memo extends
+  lookups past a miss with blocks that were evicted and reallocated to another prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvlab.cache import KVBlock
+from kvlab.engine.driver import Engine
+from kvlab.engine.request import Request
+from kvlab.errors import ConfigError
+
+FAULTS: dict[str, type] = {
+    "position_offset": int,  # the suffix after a hit starts at position hit_tokens + offset (an off-by-one)
+    "wrong_block": bool,  # the gather reads block (b + 1) % num_blocks instead of hit block b
+    "stale_block": bool,  # at prefill, the K/V write into a block taken by eviction is lost: it keeps the old K/V
+    "reuse_evicted": bool,  # an engine-side key -> block memo, never invalidated, extends lookups past a
+    # miss with blocks that were evicted and reallocated to another prefix
+}
+
+
+def check_faults(faults: dict | None) -> dict:
+    """``faults`` checked against :data:`FAULTS` (names and value types); the ones switched off dropped."""
+    out = dict(faults or {})
+    for name, value in out.items():
+        kind = FAULTS.get(name)
+        if kind is None:
+            raise ConfigError(f"unknown fault {name!r}; faults: {', '.join(FAULTS)}")
+        if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"fault {name!r} takes an int, got {value!r}")
+        if kind is bool and not isinstance(value, bool):
+            raise ConfigError(f"fault {name!r} takes a bool, got {value!r}")
+    return {k: v for k, v in out.items() if v}
+
+
+class FaultyEngine(Engine):
+    """An :class:`Engine` (same arguments) that injects ``faults`` (module docstring; the config records them)."""
+
+    def __init__(self, model: torch.nn.Module, *, faults: dict | None = None, **kwargs: object) -> None:
+        super().__init__(model, **kwargs)
+        self.faults = check_faults(faults)
+        self._memo: dict[int, KVBlock] = {}  # reuse_evicted: dense key -> the block last keyed with it
+
+    # ------------------------------------------------------------------ compute seams (PagedModel)
+    def _gather_ids(self, block_ids: list[int]) -> list[int]:
+        if self.faults.get("wrong_block"):
+            return [(b + 1) % self.num_blocks for b in block_ids]
+        return block_ids
+
+    def _suffix_start(self, start: int) -> int:
+        return start + self.faults.get("position_offset", 0)
+
+    # ------------------------------------------------------------------ driver seams (Engine)
+    def _compute_prefill(self, request: Request, blocks: list[KVBlock], taken: list[KVBlock], start: int,
+                         times: dict) -> tuple[torch.Tensor, object]:
+        victims = [b.block_id for b in taken] if self.faults.get("stale_block") else []
+        kept = self.pool.data[victims].clone() if victims else None
+        out = super()._compute_prefill(request, blocks, taken, start, times)
+        if kept is not None:  # the writes into blocks taken by eviction are lost
+            self.pool.data[victims] = kept
+        return out
+
+    def _cached(self, keys: Sequence[int], blocks: Sequence[KVBlock], start: int) -> None:
+        if self.faults.get("reuse_evicted"):
+            self._memo.update(zip(keys[start:start + len(blocks)], blocks, strict=True))
+
+    def _lookup(self, request: Request) -> tuple[list[KVBlock], int, list[int], list]:
+        hits, num_new, keys, truths = super()._lookup(request)
+        if self.faults.get("reuse_evicted"):
+            max_hit = self.cache.max_hit_blocks(len(request.tokens), len(keys), "vllm")
+            stale = self._stale_hits(hits, keys, max_hit)
+            num_new -= len(stale) - len(hits)
+            hits = stale
+        return hits, num_new, keys, truths
+
+    def _stale_hits(self, hits: list[KVBlock], keys: list[int], max_hit: int) -> list[KVBlock]:
+        """Extend ``hits`` through the memo without checking that a block still holds its key."""
+        out = list(hits)
+        for i in range(len(out), max_hit):
+            block = self._memo.get(keys[i])
+            if block is None or block in out or block.ref_cnt != 0 or block.key is None:
+                break
+            out.append(block)
+        return out

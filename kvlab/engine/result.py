@@ -1,0 +1,70 @@
+"""What a run of the sequential driver returns: one row per request in trace order, the totals, the config.
+
+Units: token counts in tokens, block counts in blocks, times in seconds (``*_s``), sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvlab.results import build_manifest, write_results
+from kvlab.workload.workload import Workload
+
+
+@dataclass
+class EngineResult:
+    """Per-request rows (trace order; the replay's columns plus timing, memory and verify columns),
+    totals, the run's config and the trace's identity."""
+
+    requests: pd.DataFrame
+    summary: dict
+    config: dict
+    trace: dict
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``requests.parquet``, ``summary.json`` and ``manifest.json`` to ``out`` atomically."""
+        manifest = build_manifest(self.config, trace=self.trace, seed=self.config.get("model_seed"), driver="engine")
+        return write_results(out, {"requests": self.requests}, self.summary, manifest)
+
+
+def request_frame(workload: Workload, rows: list[dict], ideal: np.ndarray, block_size: int) -> pd.DataFrame:
+    """One row per request in trace order: the replay's columns (hits, evictions, cached blocks, ideal hits in
+    tokens), the workload's labels, then every column of ``rows`` (one dict per request) and the derived
+    ``prefill_tokens_per_s`` and ``tpot_s`` (NaN without decode steps)."""
+    bs = block_size
+    cols = pd.DataFrame(rows)
+    prompt = np.asarray(workload.input_length, dtype=np.int64)
+    hit_blocks = cols["hit_blocks"].to_numpy(np.int64)
+    frame = pd.DataFrame({
+        "request_id": workload.request_id,
+        "arrival": workload.arrival,
+        "prompt_tokens": prompt,
+        "output_tokens": workload.output_length,
+        "full_blocks": prompt // bs,
+        "hit_blocks": hit_blocks,
+        "hit_tokens": np.minimum(hit_blocks * bs, prompt),
+        "new_blocks": cols["new_blocks"].to_numpy(np.int64),
+        "evictions": cols["evictions"].to_numpy(np.int64),
+        "orphan_evictions": cols["orphan_evictions"].to_numpy(np.int64),
+        "admitted": cols["admitted"].to_numpy(bool),
+        "cached_blocks": cols["cached_blocks"].to_numpy(np.int64),
+        "orphan_blocks": cols["orphan_blocks"].to_numpy(np.int64),
+        "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
+    })
+    for name in ("session", "turn", "tenant", "category", "adapter"):
+        col = getattr(workload, name)
+        if col is not None:
+            frame[name] = col
+    extra = cols.drop(columns=[c for c in frame.columns if c in cols.columns])
+    frame = pd.concat([frame, extra.set_index(frame.index)], axis=1)
+    comp = frame["computed_tokens"].to_numpy(np.float64)
+    secs = frame["prefill_s"].to_numpy(np.float64)
+    frame["prefill_tokens_per_s"] = np.divide(comp, secs, out=np.zeros_like(comp), where=secs > 0)
+    steps = frame["decode_steps"].to_numpy(np.float64)
+    dsec = frame["decode_s"].to_numpy(np.float64)
+    frame["tpot_s"] = np.divide(dsec, steps, out=np.full_like(dsec, np.nan), where=steps > 0)
+    return frame
