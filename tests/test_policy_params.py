@@ -220,6 +220,9 @@ def test_prefix_aware_inner_params_checked_by_the_inner_policy():
     assert message.startswith("policy 'prefix-aware': inner policy 'ttl': unknown parameter 'ttl'")
     with pytest.raises(ConfigError, match="^policy 'prefix-aware': inner policy 'wtinylfu': parameter 'max_count'"):
         resolved_policy_params("prefix-aware", {"inner": "wtinylfu", "inner_params": {"max_count": 0}})
+    for value in (math.nan, math.inf):  # the value as given, not as JSON would spell it
+        with pytest.raises(ConfigError, match=f"^policy 'prefix-aware': inner policy 'ttl': .* got {value}$"):
+            resolved_policy_params("prefix-aware", {"inner": "ttl", "inner_params": {"ttl_s": value}})
     pol = make_policy("prefix-aware", inner="slru", inner_params={"segments": [1, 3]})
     assert pol.inner.fractions == [0.25, 0.75]
 

@@ -51,8 +51,9 @@ class EvictionPolicy:
 
     @classmethod
     def resolve_params(cls, params: dict) -> dict:
-        """Hook of :func:`resolved_policy_params`: ``params`` (checked, defaults filled in) as a run's
-        identity records them; a wrapper resolves its inner policy's parameters here."""
+        """Hook of :func:`resolved_policy_params`: ``params`` (checked, defaults filled in; converted to
+        plain JSON values afterwards) as a run's identity records them; a wrapper resolves its inner
+        policy's parameters here."""
         return params
 
     def compiled_params(self) -> np.ndarray | tuple:
@@ -348,15 +349,17 @@ def resolved_policy_params(name: str | EvictionPolicy, params: dict | None = Non
     factory = _factory(name)
     declared, var_kw = _params_of(factory)
     _refuse_unknown(name, declared, var_kw, params)
-    out = {}
+    checked = {}
     for p in declared.values():
         if p.name in params:
-            out[p.name] = p.plain(p.check(name, params.pop(p.name)))
+            checked[p.name] = p.check(name, params.pop(p.name))
         elif p.default is not REQUIRED:
-            out[p.name] = p.plain(p.check(name, p.default))
-    out.update(params)  # taken by ``**kwargs``: as given
+            checked[p.name] = p.check(name, p.default)
+    checked.update(params)  # taken by ``**kwargs``: as given
     hook = getattr(factory, "resolve_params", None)
-    return hook(out) if hook is not None else out
+    if hook is not None:
+        checked = hook(checked)
+    return {k: declared[k].plain(v) if k in declared else v for k, v in checked.items()}
 
 
 def parameters_markdown() -> str:
