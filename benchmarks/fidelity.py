@@ -50,7 +50,7 @@ import torch
 from kvlab.engine import Engine, build_random_model
 from kvlab.results import build_manifest, write_results
 from kvlab.sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, grid_for_limits
-from kvlab.sim.engine_executor import fidelity
+from kvlab.sim.fidelity import fidelity
 from kvlab.workload import synthetic_chat
 
 TARGET_MEDIAN, TARGET_P90 = 0.10, 0.25

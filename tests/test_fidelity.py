@@ -29,14 +29,9 @@ from kvlab.sim.calibrate import (
     measure_steps,
     predict_seconds,
 )
-from kvlab.sim.engine_executor import (
-    ThreadClock,
-    engine_model_profile,
-    fidelity,
-    run_engine_serving,
-    saturation_throughput,
-    zero_arrivals,
-)
+from kvlab.sim.clocks import ThreadClock
+from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
+from kvlab.sim.fidelity import fidelity, saturation_throughput, zero_arrivals
 from kvlab.workload import from_lists, save_jsonl, synthetic_chat
 
 VOCAB = 1024  # tiny-llama

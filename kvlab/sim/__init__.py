@@ -1,11 +1,15 @@
 """The serving simulator: the shared cache core and a vLLM-like scheduler driven by a roofline cost model.
 
 The real-engine executor (:mod:`kvlab.sim.engine_executor`: ``EngineExecutor``, ``run_engine_serving``,
-``fidelity``) imports torch, so it is loaded on first use of one of its names.
+``engine_model_profile``) imports torch and the engine, so it is loaded on first use of one of its names;
+calibration (:mod:`kvlab.sim.calibrate`) and the fidelity study (:mod:`kvlab.sim.fidelity`) load it when they
+first measure.
 """
 
 from kvlab.sim.calibrate import Calibration, CalibrationFit, calibrate, fit_cost_model, measure_steps
+from kvlab.sim.clocks import ThreadClock
 from kvlab.sim.cost import CostModel, StepBreakdown, attention_pairs
+from kvlab.sim.fidelity import FidelityResult, fidelity
 from kvlab.sim.profiles import (
     HardwareProfile,
     ModelProfile,
@@ -18,8 +22,7 @@ from kvlab.sim.profiles import (
 from kvlab.sim.scheduler import Executor, Request, RequestStatus, Scheduler, SimClock, WallClock
 from kvlab.sim.simulator import CostModelExecutor, SimConfig, SimResult, scaled_arrivals, simulate
 
-_ENGINE_NAMES = ("EngineExecutor", "EngineServingResult", "FidelityResult", "ThreadClock", "engine_model_profile",
-                 "fidelity", "run_engine_serving")
+_ENGINE_NAMES = ("EngineExecutor", "EngineServingResult", "engine_model_profile", "run_engine_serving")
 
 
 def __getattr__(name: str) -> object:

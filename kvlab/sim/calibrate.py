@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -46,6 +45,9 @@ import pandas as pd
 from kvlab.errors import ConfigError
 from kvlab.sim.cost import CostModel, num_prefills
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
+
+if TYPE_CHECKING:  # torch-backed: the engine modules are imported on first use
+    from kvlab.engine.compute import PagedModel
 
 EXECUTIONS = ("sequential", "batched")
 Point = tuple[tuple[int, int], ...]  # a batch: entries (new tokens, cached context)
@@ -103,7 +105,7 @@ def describe_point(point: Point) -> str:
 
 # ---------------------------------------------------------------------- measurement
 def measure_steps(
-    engine,
+    engine: PagedModel,
     points: Iterable[Point] = DEFAULT_GRID,
     *,
     repeats: int = 5,
@@ -121,17 +123,12 @@ def measure_steps(
     ``new_tokens`` / ``context`` (of the first entry), ``seconds`` (median), ``min_s``, ``p90_s``,
     ``spread`` ((p90 − p10) / median), ``repeats``, ``times`` (JSON list of every timing, seconds).
     """
-    import torch
+    import torch  # (torch-backed: loaded on the first measurement, so that ``import kvlab.sim`` stays torch-free)
     from tqdm.auto import tqdm
 
-    from kvlab.sim.engine_executor import (
-        EngineExecutor,
-        EngineSequence,
-        gc_paused,
-        sync_device,
-        timer_function,
-        warm_up,
-    )
+    from kvlab.engine.compute import sync_device
+    from kvlab.sim.clocks import gc_paused, timer_function
+    from kvlab.sim.engine_executor import EngineExecutor, EngineSequence, warm_up
 
     points = [tuple((int(n), int(c)) for n, c in p) for p in points]
     if not points or repeats < 1:
@@ -412,24 +409,6 @@ def fit_cost_model(
 
 
 # ---------------------------------------------------------------------- the whole procedure
-def device_name(device) -> str:
-    """A readable name of the device: the CUDA device name, or the CPU model and core count."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
-
-
 @dataclass
 class Calibration:
     """A calibration run: the fit, the model profile it is for, and what was measured where and when."""
@@ -466,7 +445,7 @@ class Calibration:
 
 
 def calibrate(
-    engine,
+    engine: PagedModel,
     *,
     base_hardware: HardwareProfile | str | None = None,
     grid: Iterable[Point] = DEFAULT_GRID,
@@ -485,7 +464,7 @@ def calibrate(
     :func:`combine_rounds`, measured with ``timer``) skips the measurement. The profile's description names
     the device, date, model and residuals.
     """
-    from kvlab.sim.engine_executor import default_hardware, engine_model_profile
+    from kvlab.sim.engine_executor import default_hardware, device_name, engine_model_profile  # (torch-backed)
 
     model_p = model if model is not None else engine_model_profile(engine)
     base = load_hardware(base_hardware if base_hardware is not None else default_hardware(engine.device))

@@ -1,0 +1,217 @@
+"""The fidelity study: one trace through the real engine and through the simulator, TTFT compared per request.
+
+:func:`fidelity` measures the engine's saturation throughput (every arrival at t = 0, :func:`zero_arrivals`,
+:func:`saturation_throughput`), serves the trace at fractions of it on the engine
+(:func:`~kvlab.sim.engine_executor.run_engine_serving`) and on the simulator with a profile calibrated on
+the same machine in the same states (:mod:`kvlab.sim.calibrate`), and compares the two runs row by row
+(:func:`ttft_errors`). It sits on top of both; neither imports it.
+
+The engine executor (torch) is imported on the first call, so that ``import kvlab.sim`` stays torch-free.
+Units: seconds, requests/s, tokens, blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import ConfigError
+from kvlab.sim.calibrate import Calibration, calibrate, combine_rounds, grid_for_limits, measure_steps
+from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
+from kvlab.sim.simulator import SimResult, simulate
+from kvlab.workload.workload import Workload
+
+if TYPE_CHECKING:  # torch-backed: imported by fidelity() on first use
+    from kvlab.engine.driver import Engine
+    from kvlab.sim.engine_executor import EngineServingResult
+
+
+def zero_arrivals(workload: Workload) -> Workload:
+    """The workload with every arrival at t = 0 (a saturation run: the queue holds the whole trace)."""
+    return dataclasses.replace(workload, arrival=np.zeros(len(workload)), meta=dict(workload.meta))
+
+
+def saturation_throughput(result: SimResult) -> float:
+    """Requests per second a run with every arrival at 0 sustained: admitted requests / makespan."""
+    frame = result.requests
+    done = frame[frame["admitted"]]
+    span = float(done["finished_s"].max()) if len(done) else math.nan
+    return len(done) / span if span > 0 else math.nan
+
+
+def ttft_errors(engine_requests: pd.DataFrame, sim_requests: pd.DataFrame) -> pd.DataFrame:
+    """Per-request TTFT of both runs and the relative error ``|sim - engine| / engine`` (row by row)."""
+    if len(engine_requests) != len(sim_requests) or not (
+        engine_requests["request_id"].to_numpy() == sim_requests["request_id"].to_numpy()
+    ).all():
+        raise ConfigError("the two runs must hold the same requests in the same order")
+    eng = engine_requests["ttft_s"].to_numpy(np.float64)
+    sim = sim_requests["ttft_s"].to_numpy(np.float64)
+    return pd.DataFrame({
+        "request_id": engine_requests["request_id"].to_numpy(),
+        "ttft_engine_s": eng,
+        "ttft_sim_s": sim,
+        "ttft_rel_error": np.abs(sim - eng) / eng,
+        "hit_blocks_engine": engine_requests["hit_blocks"].to_numpy(),
+        "hit_blocks_sim": sim_requests["hit_blocks"].to_numpy(),
+    })
+
+
+# ---------------------------------------------------------------------- fidelity: engine vs simulator
+@dataclass
+class FidelityResult:
+    """Engine vs simulator on one trace: one ``table`` row per load, per-request ``requests`` rows
+    (``load``, TTFTs, relative error, hits of both), the measured saturation throughput (requests/s), the
+    profile the simulator used and, when the study calibrated it, the :class:`Calibration`."""
+
+    table: pd.DataFrame
+    requests: pd.DataFrame
+    saturation_rps: float
+    hardware: HardwareProfile
+    config: dict
+    calibration: Calibration | None = None
+
+
+def fidelity(
+    workload: Workload,
+    engine: Engine,
+    hardware: HardwareProfile | str | Path | None = None,
+    *,
+    loads: Sequence[float] = (0.5, 0.8),
+    repeats: int = 1,
+    saturation_repeats: int | None = None,
+    timer: str = "wall",
+    model: ModelProfile | None = None,
+    policy: str = "lru",
+    capacity_blocks: int | None = None,
+    max_num_seqs: int = 1,
+    max_num_batched_tokens: int = 512,
+    cache_at: str = "schedule",
+    saturation_rps: float | None = None,
+    grid: Sequence | None = None,
+    base_hardware: HardwareProfile | str | None = None,
+    progress: bool = False,
+) -> FidelityResult:
+    """Replay ``workload`` through the real engine and through the simulator at each load, a fraction of the
+    engine's saturation throughput; compare TTFT request by request.
+
+    ``hardware``: a calibrated profile of this device; None calibrates within the study
+    (:mod:`kvlab.sim.calibrate`, nominal peaks from ``base_hardware``) over ``grid``, by default
+    :func:`~kvlab.sim.calibrate.grid_for_limits` of the configuration (chunks up to the token budget,
+    contexts up to the longest sequence: the deployment's ``max_model_len``, not the trace's mix):
+    one round of the grid (each batch timed once, shuffled) is measured before the first engine run and
+    after every engine run, and the fit uses each batch's median over all rounds — so the calibration sees
+    the machine in the same states as the engine runs (other jobs on a shared CPU come and go). The trace
+    itself is never used for the fit.
+
+    Saturation (requests/s, unless given) is measured first: the engine serves the trace with every
+    arrival at t = 0 (``saturation_repeats`` times, default ``repeats``, the median kept: it sets the load of
+    every later run). At load
+    ``x`` the arrivals are scaled to the rate ``x × saturation`` for both runs (same scheduler settings,
+    pool, policy). The engine run is repeated ``repeats`` times (the loads alternate) and each request's
+    engine TTFT is its median over the repeats. Per-request error: ``|TTFT_sim − TTFT_engine| /
+    TTFT_engine``; for reference, ``engine_rerun_*_error`` compare the engine's repeats with one another
+    (every ordered pair of runs, same formula): the noise floor of one run on this machine, and
+    ``engine_split_half_*_error`` compare the median of the odd-numbered repeats with that of the even-numbered
+    ones: the noise of a median of ``repeats / 2`` runs, an upper bound for that of the reported median.
+    Each request's TTFT in every engine run is kept (``ttft_engine_runs_s``).
+    ``max_num_seqs=1`` (default): every step holds one sequence, the setting in which the engine's
+    one-sequence-per-forward execution is what the cost model describes; scheduling then does not depend
+    on timing, so hits agree exactly (``hits_equal``).
+    """
+    from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
+
+    saturation_repeats = repeats if saturation_repeats is None else saturation_repeats
+    if repeats < 1 or saturation_repeats < 1 or not loads or min(loads) <= 0:
+        raise ConfigError("fidelity needs repeats >= 1, saturation_repeats >= 1 and loads > 0")
+    model_p = model if model is not None else engine_model_profile(engine)
+    rounds: list[pd.DataFrame] = []
+    if grid is None:  # the configuration's limits: chunks up to the token budget, contexts up to max_model_len
+        longest = int((workload.input_length + np.maximum(workload.output_length, 1)).max())
+        grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest)
+    points = list(grid)
+
+    def measure_round() -> None:
+        if hardware is None:
+            rounds.append(measure_steps(engine, points, repeats=1, timer=timer, seed=len(rounds),
+                                        warmup=0 if rounds else 2))
+
+    common = dict(policy=policy, capacity_blocks=capacity_blocks or engine.num_blocks, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens, cache_at=cache_at)
+    serve = dict(common, timer=timer, model=model_p, progress=progress)
+    measure_round()
+    saturation_runs: list[float] = []
+    if saturation_rps is None:
+        for _ in range(saturation_repeats):
+            saturation_runs.append(saturation_throughput(run_engine_serving(zero_arrivals(workload), engine,
+                                                                            **serve)))
+            measure_round()
+        saturation_rps = float(np.median(saturation_runs))
+    engine_runs: dict[float, list[EngineServingResult]] = {float(load): [] for load in loads}
+    for _ in range(repeats):  # loads alternate, so that each sees the machine in the same states
+        for load in engine_runs:
+            engine_runs[load].append(run_engine_serving(workload, engine, rate=load * saturation_rps, **serve))
+            measure_round()
+    cal = None
+    if hardware is None:
+        cal = calibrate(engine, base_hardware=base_hardware, timer=timer, model=model_p,
+                        samples=combine_rounds(rounds))
+        hw = cal.hardware
+    else:
+        hw = load_hardware(hardware)
+    rows, per_request = [], []
+    for load, runs in engine_runs.items():
+        rate = float(load) * saturation_rps
+        sim = simulate(workload, rate=rate, model=model_p, hardware=hw, block_size=engine.block_size, **common)
+        eng_req = runs[0].requests.copy()
+        ttfts = np.stack([r.requests["ttft_s"].to_numpy(np.float64) for r in runs])
+        eng_req["ttft_s"] = np.median(ttfts, axis=0)
+        err = ttft_errors(eng_req, sim.requests)
+        err.insert(0, "load", float(load))
+        err["arrival_s"] = sim.requests["arrival"].to_numpy()
+        err["prompt_tokens"] = sim.requests["prompt_tokens"].to_numpy()
+        err["ttft_engine_spread"] = (ttfts.max(axis=0) - ttfts.min(axis=0)) / err["ttft_engine_s"]
+        err["ttft_engine_runs_s"] = list(ttfts.T)
+        per_request.append(err)
+        e = err["ttft_rel_error"].to_numpy()
+        busy = [r.summary["busy_s"] for r in runs]
+        rerun = [np.abs(ttfts[i] - ttfts[j]) / ttfts[j] for i in range(repeats) for j in range(repeats) if i != j]
+        rerun_e = np.concatenate(rerun) if rerun else np.array([np.nan])
+        if repeats >= 2:
+            odd, even = np.median(ttfts[1::2], axis=0), np.median(ttfts[0::2], axis=0)
+            split_e = np.concatenate([np.abs(odd - even) / even, np.abs(even - odd) / odd])
+        else:
+            split_e = np.array([np.nan])
+        rows.append({
+            "load": float(load), "rate_rps": rate, "requests": len(err),
+            "median_ttft_error": float(np.median(e)), "p90_ttft_error": float(np.percentile(e, 90)),
+            "mean_signed_error": float(np.mean((err["ttft_sim_s"] - err["ttft_engine_s"]) / err["ttft_engine_s"])),
+            "ttft_p50_engine_s": float(np.median(err["ttft_engine_s"])),
+            "ttft_p50_sim_s": float(np.median(err["ttft_sim_s"])),
+            "ttft_p90_engine_s": float(np.percentile(err["ttft_engine_s"], 90)),
+            "ttft_p90_sim_s": float(np.percentile(err["ttft_sim_s"], 90)),
+            "engine_rerun_median_error": float(np.median(rerun_e)),
+            "engine_rerun_p90_error": float(np.percentile(rerun_e, 90)),
+            "engine_split_half_median_error": float(np.median(split_e)),
+            "engine_split_half_p90_error": float(np.percentile(split_e, 90)),
+            "busy_engine_s": float(np.median(busy)), "busy_engine_min_s": float(np.min(busy)),
+            "busy_engine_max_s": float(np.max(busy)), "busy_sim_s": float(sim.summary["busy_s"]),
+            "makespan_engine_s": float(np.median([r.summary["makespan_s"] for r in runs])),
+            "makespan_sim_s": float(sim.summary["makespan_s"]),
+            "hits_equal": bool((err["hit_blocks_engine"] == err["hit_blocks_sim"]).all()),
+            "token_hit_rate": float(sim.summary["token_hit_rate"]),
+            "engine_repeats": repeats,
+        })
+    config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_repeats": saturation_repeats,
+              "saturation_runs_rps": saturation_runs,
+              "timer": timer, "hardware": hw.name,
+              "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
+    return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
+                          config, cal)
