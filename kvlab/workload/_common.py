@@ -36,11 +36,12 @@ def read_trace_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of trace file ``path``; a missing file, a directory or an unreadable file is a TraceFileError."""
     p = Path(path)
     try:
-        if not stat.S_ISREG(p.stat().st_mode) and not p.is_dir():
-            raise TraceFileError(str(path), None, None, "is not a regular file (a pipe or device?)")
-        return p.read_bytes()
+        mode = p.stat().st_mode
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # reading a pipe or a device could block forever
+            return p.read_bytes()
     except (OSError, ValueError) as e:
         raise trace_file_error(path, e) from None
+    raise TraceFileError(str(path), None, None, "is not a regular file (a pipe or device?)")
 
 
 def trace_file_error(path: str | os.PathLike, e: OSError | ValueError) -> TraceFileError:
@@ -54,6 +55,14 @@ def trace_file_error(path: str | os.PathLike, e: OSError | ValueError) -> TraceF
     if isinstance(e, OSError):
         return TraceFileError(str(path), None, None, f"cannot read: {e.strerror or type(e).__name__}")
     return TraceFileError(ascii(str(path)), None, None, f"not a usable path ({e})")  # e.g. a NUL byte
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A library's message as one printable line: first line only, control characters escaped, capped."""
+    first = (text.strip().splitlines() or [""])[0]
+    if not first.isprintable():
+        first = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in first)
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def field_label(key: str) -> str:
@@ -116,7 +125,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-_decode = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
+_decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+_decode = _decoder.decode
+_scan_once = _decoder.scan_once  # the C scanner: no whitespace regexes, for the common clean line
 
 
 def parse_json_text(path: str, ln: int | None, text: str | bytes) -> Any:
@@ -143,25 +154,30 @@ def parse_json_text(path: str, ln: int | None, text: str | bytes) -> Any:
     except RecursionError:
         raise TraceFormatError(path, ln, None, "invalid JSON (nested too deeply)") from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
-        raise TraceFormatError(path, ln, None, f"invalid JSON ({str(e).splitlines()[0][:200]})") from None
+        raise TraceFormatError(path, ln, None, f"invalid JSON ({one_line(str(e), 200)})") from None
 
 
 def iter_json_lines(path: str, data: bytes) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_no, object)`` for each non-blank line; a line that is not a JSON object is an error.
 
-    Lines end in LF or CRLF; a UTF-8 byte-order mark at the start of the file is ignored.
+    Lines end in LF or CRLF; a UTF-8 byte-order mark at the start of the file is ignored. Lines are
+    decoded one at a time, so the first bad line in file order is the one reported.
     """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        ln = data.count(b"\n", 0, e.start) + 1
-        raise TraceFormatError(path, ln, None, f"not UTF-8 ({e.reason})") from None
-    if text.startswith(_BOM):
-        text = text[1:]
-    for ln, raw in enumerate(text.split("\n"), 1):
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    for ln, chunk in enumerate(data.split(b"\n"), 1):
+        try:
+            raw = chunk.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(path, ln, None, f"not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
         if not raw or raw.isspace():
             continue
-        obj = parse_json_text(path, ln, raw)
+        try:
+            obj, end = _scan_once(raw, 0)
+        except Exception:  # StopIteration, duplicate keys, deep nesting...: parse again for the message
+            end = -1
+        if end != len(raw):  # leading/trailing whitespace (CRLF), extra data or an error
+            obj = parse_json_text(path, ln, raw)
         if type(obj) is not dict:
             raise TraceFormatError(path, ln, None, f"expected a JSON object, got {describe(obj)}")
         yield ln, obj
@@ -196,6 +212,9 @@ def get_int(
 
 def get_length(path: str, ln: int | None, obj: dict, key: str, *, default: Any = _MISSING) -> int:
     """A token count: a JSON integer in ``[0, MAX_REQUEST_TOKENS]``."""
+    v = obj.get(key)
+    if type(v) is int and 0 <= v <= MAX_REQUEST_TOKENS:
+        return v
     return get_int(path, ln, obj, key, min_value=0, max_value=MAX_REQUEST_TOKENS, default=default)
 
 

@@ -58,6 +58,7 @@ from kvlab.workload._common import (
     get_str,
     int_array,
     iter_json_lines,
+    one_line,
     parse_json_text,
     read_trace_bytes,
     sha256_bytes,
@@ -496,8 +497,8 @@ def load_parquet(
     try:
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise TraceFormatError(p, None, None, f"not a readable Parquet file: {first}") from None
+        why = one_line(str(e)) or type(e).__name__
+        raise TraceFormatError(p, None, None, f"not a readable Parquet file: {why}") from None
     dup = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
     if dup:
         raise TraceFormatError(p, None, field_label(dup[0]), "column appears more than once")
@@ -613,7 +614,8 @@ def _numeric_column(
     typ = col.type
     ok = pa.types.is_integer(typ) or (floating and pa.types.is_floating(typ))
     if not ok:
-        raise TraceFormatError(p, None, c, f"expected {'a numeric' if floating else 'an integer'} column, got {typ}")
+        what = "a numeric" if floating else "an integer"
+        raise TraceFormatError(p, None, c, f"expected {what} column, got {one_line(str(typ), 80)}")
     if col.null_count:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise TraceFormatError(p, None, c, f"row {i}: null")
@@ -644,7 +646,7 @@ def _int_column_list(p: str, table: pa.Table, c: str, *, nullable: bool, fill: i
     """An optional int column as a Python list (nulls → ``fill``; not allowed unless ``nullable``)."""
     col = table.column(c)
     if not pa.types.is_integer(col.type):
-        raise TraceFormatError(p, None, c, f"expected an integer column, got {col.type}")
+        raise TraceFormatError(p, None, c, f"expected an integer column, got {one_line(str(col.type), 80)}")
     if col.null_count and not nullable:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise TraceFormatError(p, None, c, f"row {i}: null")
@@ -659,7 +661,8 @@ def _category_values(p: str, table: pa.Table, c: str) -> list:
     col = table.column(c)
     typ = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)):
-        raise TraceFormatError(p, None, c, f"expected a string or integer (dictionary) column, got {col.type}")
+        got = one_line(str(col.type), 80)
+        raise TraceFormatError(p, None, c, f"expected a string or integer (dictionary) column, got {got}")
     return col.to_pylist()
 
 
@@ -668,7 +671,7 @@ def _list_column(p: str, table: pa.Table, c: str, *, nullable: bool) -> tuple[np
     col = table.column(c)
     typ = col.type
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not pa.types.is_integer(typ.value_type):
-        raise TraceFormatError(p, None, c, f"expected a list<int64> column, got {typ}")
+        raise TraceFormatError(p, None, c, f"expected a list<int64> column, got {one_line(str(typ), 80)}")
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if arr.null_count and not nullable:
         i = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])

@@ -409,7 +409,8 @@ def detect_format(path: str | os.PathLike) -> str:
             if magic == b"PAR1" or path.suffix.lower() in (".parquet", ".pq"):
                 return "parquet"
             f.seek(0)
-            first = next(((i, raw) for i, raw in enumerate(f, 1) if raw.strip()), None)
+            lines = ((i, raw[3:] if i == 1 and raw.startswith(b"\xef\xbb\xbf") else raw) for i, raw in enumerate(f, 1))
+            first = next(((i, raw) for i, raw in lines if raw.strip()), None)
     except (OSError, ValueError) as e:
         raise trace_file_error(path, e) from None
     if first is None:
