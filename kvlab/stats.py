@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvlab.cache.compiled import ideal_hits_kernel
+from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, encode_workload
 from kvlab.workload.workload import Workload
 
@@ -17,7 +18,12 @@ def trace_stats(workload: Workload, *, block_size: int | None = None, hash_schem
     per-request mean. ``repeated_block_ratio`` is the share of all prompt block ids (full and partial)
     that occurred earlier in the trace — the block-level "cache ratio" some papers report.
     """
-    bs = block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    if block_size is None:
+        bs = workload.block_size if workload.kind == "blocks" else 16
+    else:  # 0 is a mistake, not "the default"; encode_workload names any other bad value
+        bs = block_size
+        if bs == 0 and not isinstance(bs, bool):
+            raise ConfigError("block_size must be a positive int, got 0")
     enc = encode_workload(workload, BlockHasher(hash_scheme), bs)
     prompt = enc.prompt_tokens
     out: dict[str, object] = {
@@ -35,7 +41,8 @@ def trace_stats(workload: Workload, *, block_size: int | None = None, hash_schem
         ids = workload.prompt_values
         out["trace_block_ids"] = int(len(ids))
         out["unique_trace_block_ids"] = int(len(np.unique(ids)))
-        out["repeated_block_ratio"] = 1.0 - out["unique_trace_block_ids"] / max(out["trace_block_ids"], 1)
+        total = out["trace_block_ids"]
+        out["repeated_block_ratio"] = 1.0 - out["unique_trace_block_ids"] / total if total else 0.0
     for label, ideal in (("", False), ("_nocap", True)):
         hits = ideal_hits_kernel(enc.offsets, enc.key_ids, prompt, enc.num_keys, bs, ideal)
         hit_tokens = np.minimum(hits * bs, prompt)

@@ -633,3 +633,17 @@ def test_zipf_blocks_valid_and_deterministic():
     assert a.kind == "blocks" and a.block_size == 16
     firsts = a.prompt_values[a.prompt_offsets[:-1]]
     assert len(np.unique(firsts)) < 100  # Zipf: popular prefixes repeat
+
+
+def test_trace_stats_edge_cases():
+    from kvlab.stats import trace_stats
+
+    empty = trace_stats(from_lists([], kind="blocks", block_size=16))
+    assert empty["requests"] == 0 and empty["repeated_block_ratio"] == 0.0 and empty["ideal_hit_rate"] == 0.0
+    w = from_lists([[1, 2, 3, 4], [1, 2, 3, 4]], kind="blocks", block_size=4)
+    assert trace_stats(w)["repeated_block_ratio"] == 0.5
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="block_size"):
+            trace_stats(w, block_size=bad)
+    with pytest.raises(ConfigError, match="hash scheme"):
+        trace_stats(w, hash_scheme="md5")
