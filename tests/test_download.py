@@ -256,6 +256,21 @@ def test_unwritable_verify_cache_only_costs_a_rehash(isolated, monkeypatch, clos
     assert file_sha256(local) == hashlib.sha256(PAYLOAD).hexdigest()
 
 
+def test_unreadable_local_copy_is_named(isolated, monkeypatch, closed_url):
+    _, dirs = isolated
+    name = register(monkeypatch, closed_url)
+    local = dirs / "kvlab_test_trace.jsonl"
+    local.write_bytes(PAYLOAD)
+
+    def denied(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(registry, "sha256_file", denied)
+    with pytest.raises(TraceFileError, match="permission denied") as ei:
+        load_trace(name)
+    assert ei.value.path == str(local)
+
+
 def test_verify_local_without_known_checksums(isolated, monkeypatch, closed_url, tmp_path):
     name = register(monkeypatch, closed_url, size=None, sha256=None, sha256_prefix=None)
     f = tmp_path / "anything.jsonl"

@@ -761,6 +761,16 @@ def test_bad_paths_for_every_loader(tmp_path, loader):
         loader("bad\0path")
 
 
+def test_format_detection_refuses_bad_paths(tmp_path):
+    from kvlab.workload import detect_format
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "regular file"), (tmp_path, "is a directory"), (tmp_path / "nope", "no such file")):
+        with time_limit(TIME_LIMIT_S), pytest.raises(TraceFileError, match=what):
+            detect_format(path)
+
+
 # ---------------------------------------------------------------------------------------------- fixed cases
 # Every entry of the list, for every JSON-lines format, without relying on the random search.
 BASE = {"mooncake": [MC, dict(MC, timestamp=5)], "alibaba": [ALI, dict(ALI, chat_id=2, timestamp=0.75)],

@@ -34,14 +34,23 @@ _BOM = "\ufeff"
 
 def read_trace_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of trace file ``path``; a missing file, a directory or an unreadable file is a TraceFileError."""
-    p = Path(path)
+    check_regular_file(path)
     try:
-        mode = p.stat().st_mode
-        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # reading a pipe or a device could block forever
-            return p.read_bytes()
+        return Path(path).read_bytes()
     except (OSError, ValueError) as e:
         raise trace_file_error(path, e) from None
-    raise TraceFileError(str(path), None, None, "is not a regular file (a pipe or device?)")
+
+
+def check_regular_file(path: str | os.PathLike) -> None:
+    """Raise TraceFileError unless ``path`` is a regular file (opening a pipe or device could block forever)."""
+    try:
+        mode = Path(path).stat().st_mode
+    except (OSError, ValueError) as e:
+        raise trace_file_error(path, e) from None
+    if stat.S_ISDIR(mode):
+        raise TraceFileError(str(path), None, None, "is a directory, not a trace file")
+    if not stat.S_ISREG(mode):
+        raise TraceFileError(str(path), None, None, "is not a regular file (a pipe or device?)")
 
 
 def trace_file_error(path: str | os.PathLike, e: OSError | ValueError) -> TraceFileError:

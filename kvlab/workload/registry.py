@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError, TraceFormatError
-from kvlab.workload._common import atomic_open, field_label, parse_json_text, sha256_file, trace_file_error
+from kvlab.workload._common import (
+    atomic_open,
+    check_regular_file,
+    field_label,
+    parse_json_text,
+    sha256_file,
+    trace_file_error,
+)
 
 _MOONCAKE = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release"
 _ALIBABA = "https://media.githubusercontent.com/media/alibaba-edu/qwen-bailian-usagetraces-anon/main"
@@ -233,8 +240,11 @@ def verify_local(name: str, path: str | os.PathLike, *, cache: str | os.PathLike
     size, want, prefix = entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix")
     if size is None and want is None and prefix is None:
         return path
-    got = file_sha256(path, cache=cache)
-    actual_size = path.stat().st_size
+    try:
+        got = file_sha256(path, cache=cache)
+        actual_size = path.stat().st_size
+    except OSError as e:  # unreadable copy: say so, naming it
+        raise trace_file_error(path, e) from None
     problem = None
     if size is not None and actual_size != size:
         problem = f"{actual_size:,} bytes, expected {size:,}"
@@ -403,6 +413,7 @@ def detect_format(path: str | os.PathLike) -> str:
     for entry in TRACES.values():
         if path.name == entry["filename"]:
             return entry["format"]
+    check_regular_file(path)
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
