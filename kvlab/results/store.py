@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -367,22 +368,104 @@ def read_json(file: Path) -> object:
         raise ResultsError(f"{file}: not valid JSON, truncated or corrupt ({_one_line(exc)})") from None
 
 
-def read_results(path: str | Path) -> RunResult:
-    """Read a run written by :func:`write_results`, checking every file against the manifest's sizes and
-    checksums. Raises ResultsError naming the file and what is wrong (never a raw parser traceback).
-    Runs from before manifests listed their files are read without the checks."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    if "files" in manifest:
-        verify_files(path, manifest)
-        names = sorted(n for n in manifest["files"] if n.endswith(".parquet"))
-    else:
-        names = sorted(p.name for p in path.glob("*.parquet"))
-    tables = {n[: -len(".parquet")]: read_table(path / n) for n in names}
-    summary = read_json(path / SUMMARY)
+def _read_at(dfd: int, name: str, where: Path) -> bytes:
+    """The bytes of ``name`` in the folder open as ``dfd`` (ResultsError naming ``where / name``)."""
+    try:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+    except FileNotFoundError:
+        raise ResultsError(f"{where / name}: missing") from None
+    except OSError as exc:
+        raise ResultsError(f"{where / name}: cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _read_snapshot(path: Path) -> RunResult:
+    """One consistent reading of the run at ``path``: every file is read through one open handle on the
+    folder, so a replacement of the run (a folder exchange) between two files cannot mix two runs."""
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: missing (no kvlab result there)") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: not a readable results folder ({exc.strerror or exc})") from None
+    try:
+        try:
+            raw = _read_at(dfd, MANIFEST, path)
+        except ResultsError:
+            if not (path / MANIFEST).exists():
+                raise ResultsError(f"{path}: not a kvlab results folder (no {MANIFEST})") from None
+            raise
+        try:
+            manifest = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ResultsError(f"{path / MANIFEST}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                               f"{exc.colno}); the file is truncated or corrupt") from None
+        except ValueError as exc:  # not UTF-8
+            raise ResultsError(f"{path / MANIFEST}: not valid JSON ({_one_line(exc)}); the file is truncated or "
+                               "corrupt") from None
+        if manifest_kind(manifest) is None:
+            raise ResultsError(f"{path / MANIFEST}: not a kvlab manifest (no manifest_version)")
+        files = manifest.get("files")
+        if files is None:  # written before manifests listed their files: read without checks
+            names = sorted(p.name for p in path.glob("*.parquet")) + [SUMMARY]
+            data = {n: _read_at(dfd, n, path) for n in names}
+        else:
+            if not isinstance(files, dict):
+                raise ResultsError(f"{path / MANIFEST}: bad file list")
+            data = {}
+            for name, entry in sorted(files.items()):
+                if not isinstance(name, str) or safe_name(name) != name or not isinstance(entry, dict):
+                    raise ResultsError(f"{path / MANIFEST}: bad file entry {name!r}")
+                blob = _read_at(dfd, name, path)
+                if len(blob) != entry.get("bytes"):
+                    raise ResultsError(f"{path / name}: {len(blob)} bytes, but {MANIFEST} records "
+                                       f"{entry.get('bytes')} (truncated or replaced)")
+                if hashlib.sha256(blob).hexdigest() != entry.get("sha256"):
+                    raise ResultsError(f"{path / name}: sha256 differs from the one {MANIFEST} records "
+                                       "(corrupt or modified)")
+                data[name] = blob
+            if SUMMARY not in data:
+                data[SUMMARY] = _read_at(dfd, SUMMARY, path)
+    finally:
+        os.close(dfd)
+    tables = {}
+    for name in sorted(n for n in data if n.endswith(".parquet")):
+        try:
+            tables[name[: -len(".parquet")]] = pd.read_parquet(io.BytesIO(data[name]))
+        except Exception as exc:  # pyarrow raises several types for damaged files
+            raise ResultsError(f"{path / name}: not a readable parquet table, truncated or corrupt "
+                               f"({_one_line(exc)})") from None
+    try:
+        summary = json.loads(data[SUMMARY])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path / SUMMARY}: not valid JSON, truncated or corrupt ({_one_line(exc)})") from None
     if not isinstance(summary, dict):
         raise ResultsError(f"{path / SUMMARY}: expected a JSON object")
     return RunResult(path=path, tables=tables, summary=summary, manifest=manifest)
+
+
+def read_results(path: str | Path) -> RunResult:
+    """Read a run written by :func:`write_results`, checking every file against the manifest's sizes and
+    checksums. Raises ResultsError naming the file and what is wrong (never a raw parser traceback).
+    A run replaced while it is read is read again (the replacement is atomic, so a second reading sees
+    one complete run). Runs from before manifests listed their files are read without the checks."""
+    path = Path(path)
+    for attempt in range(5):
+        inode = _inode(path)
+        try:
+            return _read_snapshot(path)
+        except ResultsError:
+            if attempt == 4 or inode is None or _inode(path) == inode:  # same folder: really damaged
+                raise
+    raise AssertionError("unreachable")
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def is_complete(path: str | Path, identity: dict | str | None = None) -> bool:
