@@ -130,10 +130,9 @@ def replay(
     elif overrides:
         config = ReplayConfig(**{**config.to_dict(), **overrides})
     config.validate()
+    config = resolve_config(workload, config)  # block size and policy defaults filled in: the run's identity
     if encoded is None:
         encoded = encode(workload, config, progress=progress)
-    if config.block_size is None:
-        config = ReplayConfig(**{**config.to_dict(), "block_size": encoded.block_size})
     policy = make_policy(config.policy, **config.policy_params)
     use_compiled = policy.compiled is not None and config.engine != "python"
     # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
@@ -166,14 +165,7 @@ def replay(
         replay_seconds=replay_s,
         compile_seconds=compile_s,
     )
-    trace = {
-        "name": workload.name,
-        "source": workload.source,
-        "sha256": workload.checksum,
-        "requests": len(workload),
-        "kind": workload.kind,
-        "trace_block_size": workload.block_size,
-    }
+    trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ReplayResult(frame, summary, config, trace)
 
 

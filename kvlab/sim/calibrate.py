@@ -438,9 +438,11 @@ class Calibration:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fit.hardware.save(path)
         self.model.save(path.with_name(f"{path.stem}.model.json"))
+        from kvlab.results.paths import atomic_write_file
         from kvlab.results.store import dumps
 
-        path.with_name(f"{path.stem}.fit.json").write_text(dumps(self.report(), sort_keys=False) + "\n")
+        text = dumps(self.report(), sort_keys=False) + "\n"
+        atomic_write_file(path.with_name(f"{path.stem}.fit.json"), lambda tmp: tmp.write_text(text))
         return path
 
 

@@ -30,6 +30,7 @@ from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
+from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
 from kvlab.schema import (
     BlockSize,
@@ -341,10 +342,7 @@ def serving_results(workload: Workload, trace: TraceRequests, schedulers: list[S
     timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
     timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
     summary = _summary(frame, timeseries, schedulers, cost, capacity, block_size, trace.scale, config, seconds)
-    info = {
-        "name": workload.name, "source": workload.source, "sha256": workload.checksum, "requests": len(workload),
-        "kind": workload.kind, "trace_block_size": workload.block_size,
-    }
+    info = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return frame, timeseries, summary, info
 
 
@@ -395,6 +393,8 @@ def simulate(
     model_p = load_model(model, dtype=dtype, kv_dtype=kv_dtype)
     hw = load_hardware(hardware)
     bs = block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    # every default that changes numbers filled in (the run's identity); the capacity stays as given
+    config = config.replace(block_size=bs, policy_params=resolved_policy_params(policy, policy_params))
     cost = CostModel(model_p, hw, tensor_parallel=tensor_parallel)
     capacity = capacity_blocks or kv_pool_blocks(
         model_p, hw, bs, gpu_memory_utilization=gpu_memory_utilization, tensor_parallel=tensor_parallel,
