@@ -54,7 +54,7 @@ from kvlab.workload import (
 )
 from kvlab.workload._common import MAX_REQUEST_TOKENS
 
-EXAMPLES = int(os.environ.get("KVLAB_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("KVLAB_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,  # hangs are caught by the alarm below, not by timing noise on a busy CI machine
