@@ -363,10 +363,13 @@ def resolved_policy_params(name: str | EvictionPolicy, params: dict | None = Non
 
 
 def parameters_markdown() -> str:
-    """The table of every registered policy's declared parameters (docs/policies.md, "Parameters")."""
+    """The table of every built-in policy's declared parameters (docs/policies.md, "Parameters"); plugins
+    registered at run time (outside ``kvlab.policies``) are left out."""
     rows = ["| policy | parameter | default | allowed |", "|---|---|---|---|"]
     bare = []
     for name in available_policies():
+        if not getattr(_REGISTRY[name], "__module__", "").startswith("kvlab.policies."):
+            continue
         params = policy_params(name)
         if not params:
             bare.append(f"`{name}`")
