@@ -192,7 +192,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         for name, info in KNOWN_TRACES.items():
             print(f"{name:<24} {info.get('description', '')}")
         return 0
-    path = download(args.name, cache_dir=args.cache_dir)
+    path = download(args.name, cache_dir=args.cache_dir, force=args.force)
     print(path)
     return 0
 
@@ -393,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("name", nargs="?")
     dl.add_argument("--list", action="store_true")
     dl.add_argument("--cache-dir", type=Path, default=None)
+    dl.add_argument("--force", action="store_true",
+                    help="download again into the cache even if a local copy exists (e.g. after a checksum error)")
     dl.set_defaults(func=cmd_download)
 
     pol = sub.add_parser("policies", parents=[common], help="list registered eviction policies")
@@ -493,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    from kvlab.errors import printable
+
+    text = " ".join(printable(str(exc)).split())
     return text or type(exc).__name__
 
 

@@ -7,12 +7,19 @@ class KvlabError(Exception):
     """Base class of kvlab's own errors."""
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (newlines included) escaped, so a message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class TraceFormatError(KvlabError, ValueError):
     """A trace file is malformed. Carries ``path``, ``line`` (1-based, or None) and ``field`` (or None)."""
 
     def __init__(self, path: str, line: int | None, field: str | None, message: str) -> None:
         self.path, self.line, self.field, self.message = str(path), line, field, message
-        where = str(path)
+        where = printable(str(path))
         if line is not None:
             where += f":{line}"
         if field is not None:

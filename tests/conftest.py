@@ -14,6 +14,14 @@ import pytest
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests write their trace cache (downloads, verified checksums) under a temporary folder, never the
+    user's ``~/.cache/kvlab``."""
+    if "KVLAB_CACHE" not in os.environ:
+        os.environ["KVLAB_CACHE"] = str(tmp_path_factory.mktemp("kvlab-cache"))
+
+
 def _missing(what: str) -> None:
     msg = f"needs ../shared/traces/{what}" if what else "needs ../shared/traces"
     if os.environ.get("CI", "").lower() == "true":

@@ -105,6 +105,9 @@ class Workload:
                 f"Workload request row {i}: {counts[i]} prompt values, expected {expected[i]} for "
                 f"input_length {self.input_length[i]} ({self.kind}, block_size {self.block_size})"
             )
+        if not np.all(np.isfinite(self.arrival)):
+            i = int(np.flatnonzero(~np.isfinite(self.arrival))[0])
+            raise ConfigError(f"Workload.arrival row {i} is {self.arrival[i]} (arrival times must be finite seconds)")
         if n > 1 and np.any(np.diff(self.arrival) < 0):
             i = int(np.flatnonzero(np.diff(self.arrival) < 0)[0]) + 1
             raise ConfigError(f"Workload.arrival goes backwards at row {i}")
