@@ -1,4 +1,4 @@
-"""Aggregate metrics from per-request rows, with DESIGN.md's names.
+"""Aggregate metrics from per-request rows, with docs/semantics.md's names.
 
 Input: a requests frame with at least ``prompt_tokens``, ``hit_tokens``, ``full_blocks``,
 ``hit_blocks``, ``evictions`` (blocks) and optionally ``admitted``, ``ideal_hit_tokens``,

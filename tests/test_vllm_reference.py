@@ -1,7 +1,7 @@
 """Hit-for-hit equality with a reference model written in vLLM v1's own structure.
 
 vLLM keeps ONE free queue holding both unkeyed free blocks and cached (evictable) blocks, allocates from
-its head (evicting the key a block held), appends released keyed blocks at the tail and (DESIGN.md) puts
+its head (evicting the key a block held), appends released keyed blocks at the tail and (docs/semantics.md) puts
 released unkeyed blocks at the head. kvlab splits that queue into a free list plus an eviction policy.
 This test re-implements the single-queue model independently (block_pool.py / kv_cache_utils.py
 structure: `get_new_blocks`, `touch`, `free_blocks`, `cached_block_hash_to_block` with duplicates) and

@@ -44,7 +44,7 @@ class KVLayout:
 
     @property
     def bytes_per_token(self) -> int:
-        """``2 x layers x kv_heads x head_dim x bytes per value`` (DESIGN.md kv_bytes_per_token)."""
+        """``2 x layers x kv_heads x head_dim x bytes per value`` (docs/semantics.md kv_bytes_per_token)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_value
 
     @property

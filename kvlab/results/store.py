@@ -2,7 +2,7 @@
 
     OUT/requests.parquet   one row per request, trace order
     OUT/<table>.parquet    further tidy tables (time series, sweeps) when a driver has them
-    OUT/summary.json       aggregate metrics (DESIGN.md names)
+    OUT/summary.json       aggregate metrics (docs/semantics.md names)
     OUT/manifest.json      identity and run_id, config, trace, seed, versions, git revision, command, and
                            ``files``: the sha256 and size of every other file; written last
 

@@ -6,7 +6,7 @@ different ids yield different blocks with overwhelming probability (two 16-token
 vocabulary collide with probability ~1e-72). A request's partial last block gets the first
 ``input_length - (nblocks - 1) * block_size`` tokens of its id's block.
 
-Caveat (DESIGN.md): expansion cannot reveal sharing *inside* an original block. Two requests whose
+Caveat (docs/semantics.md): expansion cannot reveal sharing *inside* an original block. Two requests whose
 Mooncake blocks differ share no tokens in that block at all, so re-blocking the expanded trace at a
 smaller block size (say 16 instead of 512) finds only the sharing the coarse ids already showed, at the
 coarse granularity. Use expansion to run the engine; do not use it to study the effect of block size
