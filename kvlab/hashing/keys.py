@@ -1,4 +1,4 @@
-"""Chained block keys (DESIGN.md "Block key") and the whole-workload encoding the fast replay consumes.
+"""Chained block keys (DESIGN.md "Block key"): one :class:`BlockHasher` fixes scheme, root and extras.
 
 Key formula (docs/hashing.md has the byte-level definition)::
 
@@ -12,7 +12,8 @@ salt field (block 0 only). Keys are non-negative Python ints of ``key_bits`` bit
 processes and machines for every scheme but ``builtin``.
 
 Internally the sha256 and xxh3_128 schemes chain on the key's big-endian bytes (their digest), the
-64-bit schemes on the int; both forms are one-to-one with the public int key.
+64-bit schemes on the int; both forms are one-to-one with the public int key. Whole workloads are
+encoded to dense key ids in :mod:`kvlab.hashing.encode`.
 """
 
 from __future__ import annotations
@@ -20,17 +21,11 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numba as nb
 import numpy as np
 import xxhash
 
 from kvlab.errors import ConfigError
-
-if TYPE_CHECKING:  # the workload package may import hashing (loaders, expansion): no runtime import
-    from kvlab.workload.workload import Workload
 
 SCHEMES = ("sha256", "xxh3_128", "xxh3_64", "builtin")
 STABLE_SCHEMES = ("sha256", "xxh3_128", "xxh3_64")  # identical keys in every process and machine
@@ -44,12 +39,6 @@ _M64 = (1 << 64) - 1
 _xxh3_64 = xxhash.xxh3_64_intdigest
 _xxh3_128 = xxhash.xxh3_128_digest
 _sha256 = hashlib.sha256
-
-BLOCK_RESIZE_CAVEAT = (
-    "Re-blocking a hash trace to a smaller block size (by expanding ids to tokens) cannot reveal sharing "
-    "inside an original block: use expansion to run the engine, not to study block size; coarser sizes "
-    "are faithful."
-)
 
 KeyRepr = int | bytes  # internal key form: int (64-bit schemes), big-endian digest bytes (wide schemes)
 MMItem = tuple[str, int, int]  # (mm_hash, start token, length in tokens)
@@ -70,7 +59,7 @@ def _absent(value: object) -> bool:
     return type(value).__name__ in ("NAType", "NaTType")
 
 
-def _le_int64(values: np.ndarray | Sequence[int]) -> np.ndarray:
+def le_int64(values: np.ndarray | Sequence[int]) -> np.ndarray:
     """A contiguous little-endian int64 copy or view of ``values`` (no copy on little-endian int64 input)."""
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -82,8 +71,8 @@ def _le_int64(values: np.ndarray | Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype="<i8")
 
 
-def _byte_view(values: np.ndarray) -> memoryview:
-    """Read-only byte view of a contiguous little-endian int64 array (from :func:`_le_int64`; no copy)."""
+def byte_view(values: np.ndarray) -> memoryview:
+    """Read-only byte view of a contiguous little-endian int64 array (from :func:`le_int64`; no copy)."""
     return memoryview(values.view(np.uint8)).toreadonly()
 
 
@@ -228,12 +217,12 @@ class BlockHasher:
         ``mm``: multimodal placeholders ``(mm_hash, start, length)`` in token positions; a block that
         overlaps ``[start, start + length)`` gets the field ``(mm_hash, block_start - start)``.
         """
-        block_size = _check_block_size(block_size)
-        values = _le_int64(tokens)
+        block_size = check_block_size(block_size)
+        values = le_int64(tokens)
         n_full = len(values) // block_size
         every, first = self.extra_fields(adapter=adapter, salt=salt)
         mm_fields = _mm_fields(mm, block_size, n_full) if mm is not None else None
-        reprs = self._chain(_byte_view(values), 0, block_size * VALUE_BYTES, n_full, every, first, mm_fields)
+        reprs = self._chain(byte_view(values), 0, block_size * VALUE_BYTES, n_full, every, first, mm_fields)
         return [self._to_int(k) for k in reprs]
 
     def id_keys(
@@ -250,18 +239,18 @@ class BlockHasher:
         Block j hashes ``ids[j*group : (j+1)*group]`` (``group > 1`` re-blocks to ``group`` times the
         trace's block size); ``n_full`` counts blocks of the new size.
         """
-        group = _check_block_size(group, "group")
-        values = _le_int64(ids)
+        group = check_block_size(group, "group")
+        values = le_int64(ids)
         if not isinstance(n_full, int | np.integer) or n_full < 0 or n_full * group > len(values):
             raise ConfigError(
                 f"n_full must be an int in 0..{len(values) // group} for {len(values)} ids and "
                 f"group {group}, got {n_full!r}"
             )
         every, first = self.extra_fields(adapter=adapter, salt=salt)
-        reprs = self._chain(_byte_view(values), 0, group * VALUE_BYTES, int(n_full), every, first, None)
+        reprs = self._chain(byte_view(values), 0, group * VALUE_BYTES, int(n_full), every, first, None)
         return [self._to_int(k) for k in reprs]
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ internals (also used by hashing.encode)
     def _zero(self) -> KeyRepr:
         return bytes(self._nbytes) if self._wide else 0
 
@@ -377,7 +366,8 @@ class BlockHasher:
         return out
 
 
-def _check_block_size(value: object, name: str = "block_size") -> int:
+def check_block_size(value: object, name: str = "block_size") -> int:
+    """``value`` as a positive int (numpy ints accepted, bools refused), else a ConfigError naming ``name``."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or int(value) < 1:
         raise ConfigError(f"{name} must be a positive int, got {value!r}")
     return int(value)
@@ -404,237 +394,7 @@ def _mm_fields(mm: Iterable[MMItem], block_size: int, n_full: int) -> dict[int, 
     return fields
 
 
-# ---------------------------------------------------------------------- whole workloads
-@dataclass(eq=False)
-class EncodedWorkload:
-    """A workload's prompts as dense key ids, the input of the fast replay.
-
-    ``key_ids[offsets[i]:offsets[i+1]]`` are request i's full blocks in order; ids are dense
-    (``0..num_keys-1``) in order of first appearance, equal ids = equal keys. ``num_blocks`` counts full
-    and partial blocks (``ceil(prompt_tokens / block_size)``). ``truth_ids`` (verify mode only) are dense
-    ids of each block's exact identity (chained sha256, all extras, untruncated): key id equal but truth id
-    different = a collision.
-    """
-
-    offsets: np.ndarray  # int64 [n + 1], CSR into key_ids
-    key_ids: np.ndarray  # int64 [total full blocks], dense key id per full block
-    num_keys: int  # distinct keys
-    prompt_tokens: np.ndarray  # int64 [n], = workload.input_length
-    num_blocks: np.ndarray  # int64 [n], full + partial blocks
-    block_size: int  # tokens per block
-    hash_label: str  # BlockHasher.label
-    truth_ids: np.ndarray | None = None  # int64 [total full blocks], verify mode only
-    num_truth: int | None = None  # distinct true identities, verify mode only
-    # per-request context for compiled policies (what the Python core passes in AccessContext):
-    arrival: np.ndarray | None = None  # float64 [n], seconds of trace time
-    category_codes: np.ndarray | None = None  # int64 [n], index into ``categories``, -1 = none
-    categories: tuple = ()  # category labels
-    turn: np.ndarray | None = None  # int64 [n], 1-based, -1 = unknown
-
-    def __len__(self) -> int:
-        return len(self.prompt_tokens)
-
-    @property
-    def full_blocks(self) -> np.ndarray:
-        """int64 [n]: full (keyed) blocks per request."""
-        return np.diff(self.offsets)
-
-    def keys(self, i: int) -> np.ndarray:
-        """Dense key ids of request row ``i`` (a view)."""
-        return self.key_ids[self.offsets[i] : self.offsets[i + 1]]
-
-    def colliding_keys(self) -> int:
-        """Key ids that stand for more than one true identity (needs ``verify=True``)."""
-        if self.truth_ids is None:
-            raise ConfigError("colliding_keys() needs an encoding made with verify=True")
-        if len(self.key_ids) == 0:
-            return 0
-        pairs = np.unique(np.stack([self.key_ids, self.truth_ids], axis=1), axis=0)
-        per_key = np.bincount(pairs[:, 0], minlength=self.num_keys)
-        return int(np.count_nonzero(per_key > 1))
-
 
 def truth_hasher(hasher: BlockHasher) -> BlockHasher:
     """The collision-free reference of ``hasher``: chained sha256, all extras, same root seed and model."""
     return BlockHasher("sha256", root_seed=hasher.root_seed, model_id=hasher.model_id)
-
-
-def encode_workload(
-    workload: Workload,
-    hasher: BlockHasher,
-    block_size: int | None = None,
-    *,
-    verify: bool = False,
-    progress: bool = False,
-) -> EncodedWorkload:
-    """Hash every request's full blocks and map the keys to dense ids (see :class:`EncodedWorkload`).
-
-    ``block_size`` (tokens) defaults to the trace's for ``kind="blocks"`` and is required for token
-    traces; a block trace can only be encoded at a multiple of its own block size. Adapter and salt
-    come from the workload's ``adapter`` / ``salt`` columns (missing = absent).
-    """
-    kind = workload.kind
-    if block_size is None:
-        if kind != "blocks":
-            raise ConfigError("block_size is required to encode a token trace (kind='tokens')")
-        block_size = workload.block_size
-    block_size = _check_block_size(block_size)
-    if kind == "blocks":
-        trace_bs = int(workload.block_size)
-        if block_size % trace_bs:
-            raise ConfigError(
-                f"block_size {block_size} is not a multiple of this block-id trace's block size {trace_bs}: "
-                f"a hash trace can only be re-blocked to a coarser size. To run at a finer size, expand the "
-                f"ids to tokens first (kvlab.workload.expand_to_tokens), but note (DESIGN.md): "
-                f"{BLOCK_RESIZE_CAVEAT}"
-            )
-        stride = (block_size // trace_bs) * VALUE_BYTES
-    else:
-        stride = block_size * VALUE_BYTES
-
-    prompt_tokens = np.asarray(workload.input_length, dtype=np.int64).copy()
-    n = len(prompt_tokens)
-    n_full = prompt_tokens // block_size
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(n_full, out=offsets[1:])
-    num_blocks = -(-prompt_tokens // block_size)
-    buf = _byte_view(_le_int64(workload.prompt_values))
-    starts = (np.asarray(workload.prompt_offsets[:-1], dtype=np.int64) * VALUE_BYTES).tolist()
-    adapters = _category_codes(getattr(workload, "adapter", None), n)
-    salts = _category_codes(getattr(workload, "salt", None), n)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n * (2 if verify else 1), unit="req", desc="hashing", leave=False)
-    try:
-        rows = (buf, starts, stride, n_full.tolist(), adapters, salts, bar)
-        key_ids, num_keys = _dense_encode(hasher, *rows)
-        truth_ids = num_truth = None
-        if verify:
-            ref = truth_hasher(hasher)
-            if ref.config() == hasher.config():
-                truth_ids, num_truth = key_ids.copy(), num_keys
-            else:
-                truth_ids, num_truth = _dense_encode(ref, *rows)
-    finally:
-        if bar is not None:
-            bar.close()
-    return EncodedWorkload(
-        offsets=offsets,
-        key_ids=key_ids,
-        num_keys=num_keys,
-        prompt_tokens=prompt_tokens,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        hash_label=hasher.label,
-        truth_ids=truth_ids,
-        num_truth=num_truth,
-        arrival=np.asarray(workload.arrival, dtype=np.float64),
-        category_codes=(np.asarray(workload.category.codes, dtype=np.int64) if workload.category is not None
-                        else np.full(n, -1, np.int64)),
-        categories=tuple(str(c) for c in workload.category.categories) if workload.category is not None else (),
-        turn=np.asarray(workload.turn, dtype=np.int64) if workload.turn is not None else np.full(n, -1, np.int64),
-    )
-
-
-def _category_codes(column: object, n: int) -> tuple[list[int], list[object]] | None:
-    """``(codes, categories)`` of a categorical column (code -1 = absent); None if no column / all absent."""
-    if column is None:
-        return None
-    codes = np.asarray(column.codes)
-    if len(codes) != n or not np.any(codes >= 0):
-        return None
-    return codes.tolist(), list(column.categories)
-
-
-_CHUNK = 1 << 18  # keys collected as Python objects before they are packed into a words array
-
-
-def _dense_encode(
-    hasher: BlockHasher,
-    buf: memoryview,
-    starts: list[int],
-    stride: int,
-    n_full: list[int],
-    adapters: tuple[list[int], list[object]] | None,
-    salts: tuple[list[int], list[object]] | None,
-    bar: object | None,
-) -> tuple[np.ndarray, int]:
-    """Dense first-appearance ids of every request's full-block keys, concatenated in request order."""
-    chain, fast = hasher._chain, hasher._fast
-    every_by_cat = [hasher.extra_fields(adapter=a)[0] for a in adapters[1]] if adapters else []
-    first_by_cat = [hasher.extra_fields(salt=s)[1] for s in salts[1]] if salts else []
-    a_codes = adapters[0] if adapters and any(every_by_cat) else None
-    s_codes = salts[0] if salts and any(first_by_cat) else None
-    words = hasher._nbytes // 8 if hasher._wide else 1
-    parts: list[np.ndarray] = []
-    pending: list = []
-    done = 0
-    for r, (s, nf) in enumerate(zip(starts, n_full, strict=True)):
-        if nf:
-            every = every_by_cat[a_codes[r]] if a_codes is not None and a_codes[r] >= 0 else b""
-            first = first_by_cat[s_codes[r]] if s_codes is not None and s_codes[r] >= 0 else b""
-            if every or first:
-                chain(buf, s, stride, nf, every, first, None, pending)
-            else:
-                fast(buf, s, s + nf * stride, stride, pending)
-            if len(pending) >= _CHUNK:
-                parts.append(_pack(pending, words))
-                pending = []
-        if bar is not None and (r + 1 - done >= 4096 or r + 1 == len(starts)):
-            bar.update(r + 1 - done)
-            done = r + 1
-    parts.append(_pack(pending, words))
-    ids, num = _dense_ids_kernel(np.concatenate(parts))  # always a fresh writable C array: one signature
-    return ids, int(num)
-
-
-def _pack(keys: list, words: int) -> np.ndarray:
-    """Internal keys as a uint64 ``[len(keys), words]`` array (ints: one word; digests: their bytes)."""
-    if words == 1:
-        return np.fromiter(keys, dtype=np.uint64, count=len(keys)).reshape(-1, 1)
-    return np.frombuffer(b"".join(keys), dtype=np.uint64).reshape(-1, words)
-
-
-@nb.njit(cache=True, nogil=True)
-def _dense_ids_kernel(keys: np.ndarray) -> tuple[np.ndarray, int]:  # pragma: no cover - compiled
-    """Dense id per row of ``keys`` (uint64 [n, w]): equal rows share an id, ids follow first appearance.
-
-    Open addressing over a power-of-two table of at least 2n slots holding a representative row; exact
-    (rows are compared word by word), O(n) expected, 8 bytes of table per slot.
-    """
-    n, w = keys.shape
-    ids = np.empty(n, dtype=np.int64)
-    cap = 2
-    while cap < 2 * n:
-        cap *= 2
-    table = np.full(cap, -1, dtype=np.int64)
-    mask = np.uint64(cap - 1)
-    num = 0
-    for i in range(n):
-        h = keys[i, 0]
-        for j in range(1, w):
-            h = (h ^ keys[i, j]) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(33)  # splitmix64-style finaliser: truncated or structured keys spread too
-        h *= np.uint64(0xFF51AFD7ED558CCD)
-        h ^= h >> np.uint64(33)
-        slot = np.int64(h & mask)
-        while True:
-            r = table[slot]
-            if r < 0:
-                table[slot] = i
-                ids[i] = num
-                num += 1
-                break
-            same = True
-            for j in range(w):
-                if keys[r, j] != keys[i, j]:
-                    same = False
-                    break
-            if same:
-                ids[i] = ids[r]
-                break
-            slot = (slot + 1) & (cap - 1)
-    return ids, num
