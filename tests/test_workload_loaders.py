@@ -418,9 +418,9 @@ def test_roundtrip_synthetic_chat(tmp_path, fmt):
 def test_save_is_atomic(tmp_path, monkeypatch):
     target = tmp_path / "keep.jsonl"
     target.write_text("old\n")
-    import kvlab.workload.native as native
+    import kvlab.workload.native_jsonl as native_jsonl
 
-    monkeypatch.setattr(native, "_header", lambda w: {"bad": object()})
+    monkeypatch.setattr(native_jsonl, "make_header", lambda w: {"bad": object()})
     with pytest.raises(TypeError):
         save_jsonl(from_lists([[1]]), target)
     assert target.read_text() == "old\n"

@@ -5,7 +5,8 @@ from kvlab.workload.expand import block_tokens, expand_to_tokens
 from kvlab.workload.generate import synthetic_chat, zipf_blocks
 from kvlab.workload.load import load_trace
 from kvlab.workload.mooncake import load_mooncake
-from kvlab.workload.native import load_jsonl, load_parquet, save_jsonl, save_parquet
+from kvlab.workload.native_jsonl import load_jsonl, save_jsonl
+from kvlab.workload.native_parquet import load_parquet, save_parquet
 from kvlab.workload.objects import flatten_blocks, object_sequence
 from kvlab.workload.registry import TRACES, detect_format, download, resolve_trace
 from kvlab.workload.text import ByteTokenizer, mt_bench_sessions, rag_prompts, sharegpt_first_turns

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from kvlab.errors import ConfigError
 from kvlab.workload.alibaba import load_alibaba
 from kvlab.workload.mooncake import load_mooncake
-from kvlab.workload.native import load_jsonl, load_parquet
+from kvlab.workload.native_jsonl import load_jsonl
+from kvlab.workload.native_parquet import load_parquet
 from kvlab.workload.registry import TRACES, resolve_trace
 from kvlab.workload.workload import Workload
 
