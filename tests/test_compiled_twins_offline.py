@@ -15,7 +15,7 @@ from _util import assert_twin_equal, assert_twin_on_random_tokens, random_token_
 from kvlab.cache import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
-from kvlab.policies import lfu_decay, make_policy
+from kvlab.policies import lfu_halflife, make_policy
 from kvlab.policies.belady import NEVER
 from kvlab.replay import ReplayConfig, replay
 from kvlab.workload import synthetic_chat
@@ -74,27 +74,29 @@ def test_lfu_halflife_compiled_floats_are_bit_identical():
     rng = np.random.default_rng(0)
     n, half_life = 20000, 37.3
     arrival = np.cumsum(rng.exponential(5.0, n) * (rng.random(n) < 0.7))
-    py = lfu_decay.LFUHalfLife(half_life=half_life)
+    py = lfu_halflife.LFUHalfLife(half_life=half_life)
     py.prepare(SimpleNamespace(arrival=arrival))
-    state = lfu_decay._init(4, 1, py.compiled_params())
-    B, F = state[0], state[1]
-    blocks = [SimpleNamespace(block_id=b) for b in range(4)]
+    twin = py.compiled
+    state = twin.init(4, 1, py.compiled_params())
+    B, F = state[2], state[1].T[4:7]  # heap rows; the fields count, t_last and the priority at unpin
+    blocks = [SimpleNamespace(block_id=b, key=b, position=0) for b in range(4)]
+    py.attach(SimpleNamespace(num_blocks=4, blocks=blocks, block_size=1))
     for b in range(4):
         ctx = AccessContext(time=float(arrival[b]), seq=b)
         py.on_insert(blocks[b], ctx)
-        lfu_decay._on_insert(state, b, 0, b, 0)
+        twin.on_insert(state, b, 0, b, 0)
         py.on_unpin(blocks[b], ctx)
-        lfu_decay._on_unpin(state, b, b)
+        twin.on_unpin(state, b, b)
     for seq in range(4, n):
         b = int(rng.integers(4))
         ctx = AccessContext(time=float(arrival[seq]), seq=seq)
         py.on_hit(blocks[b], ctx)
-        lfu_decay._on_hit(state, b, 0, seq, 0)
+        twin.on_hit(state, b, 0, seq, 0)
         py.on_pin(blocks[b], ctx)
-        lfu_decay._on_pin(state, b, seq)
+        twin.on_pin(state, b, seq)
         py.on_unpin(blocks[b], ctx)
-        lfu_decay._on_unpin(state, b, seq)
-        count, last = py._state[b]
+        twin.on_unpin(state, b, seq)
+        count, last = py.state.blkf[b]
         assert F[0, b] == count and F[1, b] == last
         assert F[2, b] == math.log2(count) + last / half_life
         assert py.victim().block_id == B[0, 0]  # heap top

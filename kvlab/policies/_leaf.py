@@ -7,8 +7,8 @@ its parked blocks rejoin the queue with the same entries; if only parked blocks 
 smallest parked entry is the victim.
 
 Layout shared by the twins: ``B`` (per block, int64; the transpose of a row-per-block array) has rows
-``H, P`` (indexed heap of queued blocks), ``H2, P2`` (heap of parked blocks), ``KEY, STAMP`` (the heap
-keys), ``BKEY, BPAR`` (the block's key and parent key, -1 = none), ``GNXT, GPRV`` (its key's parked
+``H, P`` (indexed heap of queued blocks), ``KEY, STAMP`` (the heap keys), ``H2, P2`` (heap of parked
+blocks), ``BKEY, BPAR`` (the block's key and parent key, -1 = none), ``GNXT, GPRV`` (its key's parked
 group, a linked list), then the policy's own rows from ``LEAF_ROWS`` on. ``M`` starts with
 ``N, N2, SCLOCK`` (heap sizes, stamp clock). ``K`` (per dense key) rows are the policy's: the functions
 take the row of cached-children counts (``child``) and of the first parked block (``ghead``, -1 = none).
@@ -21,7 +21,7 @@ import numpy as np
 
 from kvlab.policies._queues import heap_push, heap_push_stamped, heap_remove
 
-H, P, H2, P2, KEY, STAMP, BKEY, BPAR, GNXT, GPRV = range(10)
+H, P, KEY, STAMP, H2, P2, BKEY, BPAR, GNXT, GPRV = range(10)
 LEAF_ROWS = 10
 N, N2, SCLOCK = range(3)
 

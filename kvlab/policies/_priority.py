@@ -1,0 +1,452 @@
+"""Priority policies written once: per-block update functions and one ``priority``, in a form numba compiles;
+this module runs them on both engines. Not a policy (the package skips ``_`` modules).
+
+A priority policy is a :class:`PriorityPolicy` subclass with a :class:`Priority` spec (SGLang's
+``mem_cache/evict_policy.py`` is the model: a policy is a priority, the cache owns the mechanics):
+
+* ``on_insert(s, b, key, pos, r)`` / ``on_hit(s, b, key, pos, r)``: update the state of block ``b``
+  (its ``key``, its position ``pos`` in the request) at a new block's insertion / at a hit;
+* ``priority(s, b, r) -> int | float``: called when ``b`` becomes evictable (unpinned); the lowest
+  ``(priority, unpin stamp)`` is evicted, so equal priorities leave least recently unpinned first.
+
+All three are ``numba.njit`` functions over ``s``, a :class:`State`: ``s.blk[b][F]`` the int field ``F`` of
+block ``b``, ``s.blkf[b][F]`` the same record's float fields, ``s.key[key][F]`` / ``s.keyf[key][F]`` per-key
+fields (kept across evictions), ``s.glob[i]`` / ``s.globi[i]`` global float / int slots, ``s.par`` the
+instance's numeric parameters (:meth:`PriorityPolicy.params`). ``r`` is the request: ``r.time``, ``r.seq``,
+``r.request_id``, ``r.prompt_tokens``. The framework supplies, for both engines:
+
+* the stamped heap of the evictable blocks (Python: :class:`~kvlab.policies._heap.HeapPolicy`; compiled:
+  an indexed heap keyed by (priority as an int64 ordered like it, unpin stamp));
+* leaf-only eviction (subclass :class:`LeafPriorityPolicy`: :class:`~kvlab.policies._heap.LeafHeapPolicy`,
+  numba twin in ``kvlab.policies._leaf``);
+* aging (``Priority(aging=i)``): after an eviction, ``glob[i] = max(glob[i], the victim's priority)``
+  (GDSF's clock ``L``; an int slot for int priorities). ``on_remove`` (reset) does not age.
+
+Python core: the same functions run as plain Python (``.py_func``) on lists (``s.blk[b]`` a list; ``blkf is
+blk``; ``s.key`` a dict of lists created on first use) with ``r`` the :class:`~kvlab.cache.AccessContext`, so
+the floats are bit-identical when the operations are (a Python float is an IEEE double). Compiled: the
+functions are called from hooks specialised per policy (:func:`compiled_twin`), on numpy arrays over
+block ids and dense key ids; ``r`` is a :class:`Req` read from the prepared workload (``request_id`` is
+-1: requests are told apart by ``seq``). What ``compiled_params()`` returns is named by ``Priority.layout``:
+``"par"`` (``params()`` as float64), ``"arrival"``, ``"prompt_tokens"``, ``"offsets"``, ``"key_ids"`` (of
+the prepared workload; leaf-only policies need the last two), or a name only the policy reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import types
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import numba as nb
+import numpy as np
+
+from kvlab.cache.block import KVBlock
+from kvlab.cache.compiled import CompiledPolicy
+from kvlab.cache.context import AccessContext
+from kvlab.policies import _leaf
+from kvlab.policies._heap import HeapPolicy, LeafHeapPolicy
+from kvlab.policies._leaf import GNXT, GPRV, KEY, SCLOCK, STAMP, H, N, P
+from kvlab.policies._queues import float_key, heap_push_stamped, heap_remove
+
+
+class State(NamedTuple):
+    """What a priority policy's functions read and write (see the module docstring)."""
+
+    blk: Any
+    blkf: Any
+    key: Any
+    keyf: Any
+    glob: Any
+    globi: Any
+    par: Any
+
+
+class Req(NamedTuple):
+    """The compiled twin's request (the fields of :class:`~kvlab.cache.AccessContext` the functions read)."""
+
+    time: float
+    seq: int
+    request_id: int
+    prompt_tokens: int
+
+
+@nb.njit(cache=True)
+def _nothing(s, b, key, pos, r):
+    pass
+
+
+@dataclass(frozen=True)
+class Priority:
+    """A priority policy's functions and state. ``block`` / ``key`` / ``glob``: initial values of the
+    per-block fields, per-key fields and global slots (their number is the tuple's length; a float value
+    makes a float field)."""
+
+    priority: Any
+    on_insert: Any = _nothing
+    on_hit: Any = None
+    block: tuple = ()
+    key: tuple = ()
+    glob: tuple = ()
+    float_priority: bool = False
+    aging: int | None = None
+    layout: tuple[str, ...] | str = "par"
+
+
+class PriorityPolicy(HeapPolicy):
+    """Base of the priority policies: set ``spec`` (a :class:`Priority`) and, for numeric parameters,
+    ``params()``. The compiled twin is built when the class is defined."""
+
+    spec: ClassVar[Priority]
+    block_size: int | None = None  # tokens per block: from attach (cache) or prepare (workload)
+
+    def __init_subclass__(cls, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        spec = cls.__dict__.get("spec")
+        if spec is None:
+            return
+        cls._py = (spec.on_insert.py_func, (spec.on_hit or _nothing).py_func, spec.priority.py_func)
+        if spec.on_hit is None:
+            cls.on_hit = HeapPolicy.on_hit  # type: ignore[method-assign]
+        if spec.aging is not None:
+            cls.on_unpin, cls.on_evict = cls._unpin_aging, cls._evict_aging  # type: ignore[method-assign]
+        needs = {spec.layout} if isinstance(spec.layout, str) else set(spec.layout)
+        if needs - {"par"} and "prepare" not in cls.__dict__:
+            cls.prepare = PriorityPolicy._keep  # type: ignore[method-assign]
+        cls.compiled = compiled_twin(cls, spec, leaf=issubclass(cls, LeafHeapPolicy))
+
+    def params(self) -> list[float]:
+        """The instance's numeric parameters (``s.par``; float64 in the compiled twin)."""
+        return []
+
+    def _keep(self, encoded: object) -> None:
+        """Keep the replay's EncodedWorkload: ``compiled_params()`` reads the request data it names."""
+        self._encoded = encoded
+        self.block_size = int(encoded.block_size)  # type: ignore[attr-defined]
+
+    def compiled_params(self) -> np.ndarray | tuple:
+        layout = self.spec.layout
+        if isinstance(layout, str):
+            return self._compiled_part(layout)
+        if set(layout) - {"par"}:
+            self.prepared()  # ConfigError before anything else when prepare was not called
+        return tuple(self._compiled_part(name) for name in layout)
+
+    def _compiled_part(self, name: str) -> np.ndarray:
+        if name == "par":
+            return np.array(self.params(), dtype=np.float64)
+        enc = self.prepared()
+        if name in ("offsets", "key_ids"):
+            return _leaf.key_arrays(enc)[name == "key_ids"]
+        if name == "prompt_tokens":
+            return np.ascontiguousarray(enc.prompt_tokens, dtype=np.int64)  # type: ignore[attr-defined]
+        if name == "arrival":
+            return np.ascontiguousarray(enc.arrival, dtype=np.float64)  # type: ignore[attr-defined]
+        raise NotImplementedError(f"{self.name}: compiled_params() part {name!r} is the policy's own")
+
+    def attach(self, cache: object) -> None:
+        super().attach(cache)
+        self.block_size = cache.block_size  # type: ignore[attr-defined]
+        spec = self.spec
+        blk = [list(spec.block) for _ in range(cache.num_blocks)]  # type: ignore[attr-defined]
+        init = spec.key
+        keys: dict = defaultdict(lambda: list(init))
+        glob = list(spec.glob)
+        self.state = State(blk, blk, keys, keys, glob, glob, [float(x) for x in self.params()])
+        self._f_insert, self._f_hit, self._f_priority = self._py
+        self._pk = [0] * cache.num_blocks if spec.aging is not None else []  # type: ignore[attr-defined]
+
+    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._f_insert(self.state, block.block_id, block.key, block.position, ctx)
+
+    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._f_hit(self.state, block.block_id, block.key, block.position, ctx)
+
+    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        self._push(bid, self._f_priority(self.state, bid, ctx))
+
+    def _unpin_aging(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        pr = self._pk[bid] = self._f_priority(self.state, bid, ctx)
+        self._push(bid, pr)
+
+    def _evict_aging(self, block: KVBlock) -> None:
+        glob, i = self.state.glob, self.spec.aging
+        pr = self._pk[block.block_id]
+        if pr > glob[i]:
+            glob[i] = pr
+        super().on_evict(block)
+
+    def on_remove(self, block: KVBlock) -> None:
+        super().on_evict(block)  # the heap's (leaf-only: parked groups too): no aging
+
+
+def field(i: int) -> property:
+    """A read-only view of per-block field ``i`` (``policy.x[block_id]``) of a priority policy's Python state."""
+    return property(lambda self: _Field(self.state.blk, i))
+
+
+class _Field:
+    __slots__ = ("blk", "i")
+
+    def __init__(self, blk: list, i: int) -> None:
+        self.blk, self.i = blk, i
+
+    def __getitem__(self, b: int) -> object:
+        return self.blk[b][self.i]
+
+
+class LeafPriorityPolicy(PriorityPolicy, LeafHeapPolicy):
+    """A priority policy that evicts leaves only (blocks whose key has no cached children)."""
+
+
+# ---------------------------------------------------------------------- compiled twin
+# state: (Bt, Bft, B, K, M, s, arrival, prompt_tokens, offsets, key_ids). Bt (int64, capacity x (NF + NB +
+# 1); Bft its float64 view): one record per block, the framework's NF fields first (the heap rows of
+# kvlab/policies/_leaf.py), then the policy's NB (s.blk is the view Bt[:, NF:NF + NB]), then PRI = NF + NB,
+# the priority at unpin. B = Bt.T, the framework's row view. K = Kt.T: per dense key, the leaf machinery's
+# CHILD and GHEAD then the policy's key fields. M = [heap size, parked heap size, stamp clock].
+CHILD, GHEAD = 0, 1  # per-key framework fields (leaf-only)
+_NF = {False: 4, True: _leaf.LEAF_ROWS}  # framework fields per block before the policy's (heap; leaf-only)
+
+
+@nb.njit(cache=True)
+def _get0(params):
+    return params[0]
+
+
+@nb.njit(cache=True)
+def _get1(params):
+    return params[1]
+
+
+@nb.njit(cache=True)
+def _get2(params):
+    return params[2]
+
+
+@nb.njit(cache=True)
+def _get3(params):
+    return params[3]
+
+
+@nb.njit(cache=True)
+def _whole(params):
+    return params
+
+
+@nb.njit(cache=True)
+def _no_floats(params):
+    return np.zeros(0, np.float64)
+
+
+@nb.njit(cache=True)
+def _no_ints(params):
+    return np.zeros(0, np.int64)
+
+
+@nb.njit(cache=True)
+def _key_float(Bt, Bft, b, pri, pr):
+    Bft[b, pri] = pr
+    return float_key(Bt[b, pri])
+
+
+@nb.njit(cache=True)
+def _key_int(Bt, Bft, b, pri, pr):
+    Bt[b, pri] = pr
+    return Bt[b, pri]
+
+
+@nb.njit(cache=True)
+def _age_none(state, b, pri, slot):
+    pass
+
+
+@nb.njit(cache=True)
+def _age_float(state, b, pri, slot):
+    v = state[1][b, pri]
+    g = state[5].glob
+    if v > g[slot]:
+        g[slot] = v
+
+
+@nb.njit(cache=True)
+def _age_int(state, b, pri, slot):
+    v = state[0][b, pri]
+    g = state[5].globi
+    if v > g[slot]:
+        g[slot] = v
+
+
+@nb.njit(cache=True)
+def _link_none(state, b, key, seq, pos):
+    pass
+
+
+@nb.njit(cache=True)
+def _link_leaf(state, b, key, seq, pos):
+    parent = state[9][state[8][seq] + pos - 1] if pos > 0 else -1
+    _leaf.leaf_insert(state[2], state[3], b, key, parent, CHILD)
+
+
+@nb.njit(cache=True)
+def _push_heap(state, b, k):
+    heap_push_stamped(state[2], state[4], H, P, KEY, STAMP, N, SCLOCK, b, k)
+
+
+@nb.njit(cache=True)
+def _push_leaf(state, b, k):
+    _leaf.leaf_push(state[2], state[4], b, k)
+
+
+@nb.njit(cache=True)
+def _pin_heap(state, b, seq):
+    heap_remove(state[2], state[4], H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _pin_leaf(state, b, seq):
+    _leaf.leaf_drop(state[2], state[3], state[4], b, GHEAD)
+
+
+@nb.njit(cache=True)
+def _victim_heap(state):
+    return state[2][H, 0]
+
+
+@nb.njit(cache=True)
+def _victim_leaf(state):
+    return _leaf.leaf_victim(state[2], state[3], state[4], CHILD, GHEAD)
+
+
+@nb.njit(cache=True)
+def _evict_heap(state, b):
+    heap_remove(state[2], state[4], H, P, KEY, STAMP, N, b)
+
+
+@nb.njit(cache=True)
+def _evict_leaf(state, b):
+    _leaf.leaf_evict(state[2], state[3], state[4], b, CHILD, GHEAD)
+
+
+# Templates: specialised per policy by :func:`compiled_twin`, their capitalised globals bound to the
+# policy's functions and constants (placeholders here).
+NF = NB = KF = NK = PRI = SLOT = 0
+HAS_T = HAS_P = False
+FWINIT = BINIT = KFWINIT = KINIT = GINIT = np.zeros(0, np.int64)
+PAR = ARR = PROMPT = OFF = KEYS = INS = HIT = PRIO = REQ = KEYOF = LINK = PUSH = AGE = EVICT = _nothing
+
+
+def t_init(capacity, num_keys, params):
+    Bt = np.zeros((capacity, NF + NB + 1), np.int64)
+    for j in range(NF):
+        Bt[:, j] = FWINIT[j]
+    for j in range(NB):
+        Bt[:, NF + j] = BINIT[j]
+    Kt = np.empty((num_keys, KF + NK), np.int64)
+    for j in range(KF):
+        Kt[:, j] = KFWINIT[j]
+    for j in range(NK):
+        Kt[:, KF + j] = KINIT[j]
+    G = GINIT.copy()
+    Bft = Bt.view(np.float64)
+    Kft = Kt.view(np.float64)
+    s = State(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params))
+    return (Bt, Bft, Bt.T, Kt.T, np.zeros(3, np.int64), s, ARR(params), PROMPT(params), OFF(params), KEYS(params))
+
+
+def t_req(state, seq):
+    arrival, prompt = state[6], state[7]
+    return Req(arrival[seq] if HAS_T and seq < len(arrival) else 0.0, seq, -1,
+               prompt[seq] if HAS_P and seq < len(prompt) else 0)
+
+
+def t_on_insert(state, b, key, seq, pos):
+    INS(state[5], b, key, pos, REQ(state, seq))
+    LINK(state, b, key, seq, pos)
+
+
+def t_on_hit(state, b, key, seq, pos):
+    # an evictable block's heap key stays (as in Python): on_pin follows and takes it out
+    HIT(state[5], b, key, pos, REQ(state, seq))
+
+
+def t_on_unpin(state, b, seq):
+    PUSH(state, b, KEYOF(state[0], state[1], b, PRI, PRIO(state[5], b, REQ(state, seq))))
+
+
+def t_on_evict(state, b):
+    AGE(state, b, PRI, SLOT)
+    EVICT(state, b)
+
+
+_TEMPLATES = (t_req, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_evict)
+_GETTERS = {0: _get0, 1: _get1, 2: _get2, 3: _get3}
+
+
+def _raw(values: tuple) -> np.ndarray:
+    """int64 raw values of initial fields: ints as they are, floats as their IEEE bits."""
+    out = np.zeros(len(values), np.int64)
+    for i, v in enumerate(values):
+        out[i] = np.float64(v).view(np.int64) if isinstance(v, float) else int(v)
+    return out
+
+
+def _digest(cls: type, spec: Priority) -> str:
+    """Identifies the policy's code in numba's on-disk cache: its module's source (or its functions' code)."""
+    h = hashlib.sha1(repr((spec.block, spec.key, spec.glob, spec.float_priority, spec.aging, spec.layout)).encode())
+    try:
+        h.update(inspect.getsource(inspect.getmodule(cls)).encode())  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        for fn in (spec.priority, spec.on_insert, spec.on_hit or _nothing):
+            code = fn.py_func.__code__
+            h.update(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
+    return h.hexdigest()[:12]
+
+
+def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
+    """The numba hooks of a priority policy: the templates above, specialised to ``spec`` (functions
+    cached on disk under a name that changes with the policy's module)."""
+    layout = (spec.layout,) if isinstance(spec.layout, str) else tuple(spec.layout)
+    index = {name: i for i, name in enumerate(layout)}
+
+    def getter(name: str, empty: object) -> object:
+        if name not in index:
+            return empty
+        return _whole if isinstance(spec.layout, str) else _GETTERS[index[name]]
+
+    nf = _NF[leaf]
+    fw = np.zeros(nf, np.int64)
+    kfw = np.zeros(2 if leaf else 0, np.int64)
+    if leaf:
+        fw[[_leaf.P, _leaf.P2, _leaf.BKEY, _leaf.BPAR, GNXT, GPRV]] = -1
+        kfw[GHEAD] = -1
+    else:
+        fw[P] = -1
+    floatp = spec.float_priority
+    g = dict(globals())
+    g.update(
+        NF=nf, NB=len(spec.block), FWINIT=fw, BINIT=_raw(spec.block), KF=len(kfw), NK=len(spec.key),
+        KFWINIT=kfw, KINIT=_raw(spec.key), GINIT=_raw(spec.glob), PRI=nf + len(spec.block),
+        PAR=getter("par", _no_floats), ARR=getter("arrival", _no_floats), PROMPT=getter("prompt_tokens", _no_ints),
+        OFF=getter("offsets", _no_ints), KEYS=getter("key_ids", _no_ints),
+        HAS_T="arrival" in index, HAS_P="prompt_tokens" in index,
+        INS=spec.on_insert, HIT=spec.on_hit or _nothing, PRIO=spec.priority,
+        KEYOF=_key_float if floatp else _key_int, LINK=_link_leaf if leaf else _link_none,
+        PUSH=_push_leaf if leaf else _push_heap, EVICT=_evict_leaf if leaf else _evict_heap,
+        AGE=_age_none if spec.aging is None else _age_float if floatp else _age_int,
+        SLOT=-1 if spec.aging is None else spec.aging,
+    )
+    label = f"{cls.__module__}.{cls.__qualname__}.{_digest(cls, spec)}"
+    made = {}
+    for tmpl in _TEMPLATES:
+        f = types.FunctionType(tmpl.__code__, g, tmpl.__name__, tmpl.__defaults__, tmpl.__closure__)
+        f.__qualname__ = f"{label}.{tmpl.__name__}"
+        made[tmpl.__name__] = nb.njit(cache=True)(f)
+    g["REQ"] = made["t_req"]
+    return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], _pin_leaf if leaf else _pin_heap,
+                          made["t_on_unpin"], _victim_leaf if leaf else _victim_heap, made["t_on_evict"])
