@@ -16,7 +16,7 @@ from _util import assert_twin_equal, random_category_workload
 from kvlab.cache import AccessContext, PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.policies import make_policy
-from kvlab.policies.atc25 import Category, WorkloadAware, request_categories
+from kvlab.policies.workload_aware import Category, WorkloadAware, request_categories
 from kvlab.replay import ReplayConfig, encode
 from kvlab.workload.alibaba import load_alibaba
 from kvlab.workload.generate import synthetic_chat

@@ -11,7 +11,7 @@ from _util import assert_twin_equal, random_category_workload, random_token_work
 
 from kvlab.policies import make_policy
 from kvlab.policies.length_aware import LengthAware
-from kvlab.policies.trtllm import TRTLLMPriority
+from kvlab.policies.trtllm_priority import TRTLLMPriority
 from kvlab.replay import ReplayConfig
 from kvlab.workload.generate import synthetic_chat
 

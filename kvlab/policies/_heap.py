@@ -64,6 +64,14 @@ class HeapPolicy(EvictionPolicy):
             heappush(self._heap, e)
         self._n += 1
 
+    def _repush(self, bid: int, priority: object) -> None:
+        """A new entry (a new stamp: the newest of its priority) for an evictable block; the old one goes stale."""
+        s = self._next
+        self._next = s + 1
+        self._stamp[bid] = s
+        self._put((priority, s, bid))
+        self._stale += 1
+
     def _put(self, e: tuple) -> None:
         """Put back an entry taken off earlier (its stamp is still live)."""
         run = self._run

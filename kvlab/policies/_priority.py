@@ -39,18 +39,23 @@ import inspect
 import types
 from collections import defaultdict
 from dataclasses import dataclass
+from heapq import heappop, heappush
+from math import inf
+from types import FunctionType
 from typing import Any, ClassVar, NamedTuple
 
 import numba as nb
 import numpy as np
+from numba.core.dispatcher import Dispatcher
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
+from kvlab.errors import ConfigError
 from kvlab.policies import _leaf
 from kvlab.policies._heap import HeapPolicy, LeafHeapPolicy
 from kvlab.policies._leaf import GNXT, GPRV, KEY, SCLOCK, STAMP, H, N, P
-from kvlab.policies._queues import float_key, heap_push_stamped, heap_remove
+from kvlab.policies._queues import float_key, heap_push, heap_push_stamped, heap_remove
 
 
 class State(NamedTuple):
@@ -66,12 +71,14 @@ class State(NamedTuple):
 
 
 class Req(NamedTuple):
-    """The compiled twin's request (the fields of :class:`~kvlab.cache.AccessContext` the functions read)."""
+    """The request as the functions read it in the compiled twin (and, with a request code, in Python):
+    the fields of :class:`~kvlab.cache.AccessContext` they use, and ``code`` (``request_code(ctx)``)."""
 
     time: float
     seq: int
     request_id: int
     prompt_tokens: int
+    code: float = 0.0
 
 
 @nb.njit(cache=True)
@@ -79,11 +86,26 @@ def _nothing(s, b, key, pos, r):
     pass
 
 
+@nb.njit(cache=True)
+def _never(s, b, r):
+    return np.inf
+
+
+@nb.njit(cache=True)
+def _zero(s, b):
+    return 0
+
+
 @dataclass(frozen=True)
 class Priority:
-    """A priority policy's functions and state. ``block`` / ``key`` / ``glob``: initial values of the
-    per-block fields, per-key fields and global slots (their number is the tuple's length; a float value
-    makes a float field)."""
+    """A priority policy's functions and state (see the module docstring). ``block`` / ``key`` / ``glob``:
+    initial values of the per-block fields, per-key fields and global slots (their number is the tuple's
+    length; a float value makes a float field).
+
+    ``expiry(s, b, r) -> float`` (called at unpin, after ``priority``; ``inf`` = none) and
+    ``on_expire(s, b) -> priority``: when ``glob[now]`` reaches an evictable block's expiry (checked at
+    each victim, expiries in order), the block takes the priority ``on_expire`` returns, as if unpinned
+    then (TensorRT-LLM's expired retention priorities)."""
 
     priority: Any
     on_insert: Any = _nothing
@@ -94,11 +116,30 @@ class Priority:
     float_priority: bool = False
     aging: int | None = None
     layout: tuple[str, ...] | str = "par"
+    expiry: Any = None
+    on_expire: Any = None
+    now: int = 0
+
+
+def pythonize(fn: object, done: dict | None = None) -> FunctionType:
+    """The plain Python function of a numba dispatcher, whose calls to other dispatchers (helpers) call
+    their plain Python functions too (the Python core runs a policy's functions without numba)."""
+    done = {} if done is None else done
+    py = fn.py_func  # type: ignore[attr-defined]
+    if fn in done:
+        return done[fn]
+    glb = dict(py.__globals__)
+    out = done[fn] = FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
+    for name in py.__code__.co_names:
+        if isinstance(glb.get(name), Dispatcher):
+            glb[name] = pythonize(glb[name], done)
+    return out
 
 
 class PriorityPolicy(HeapPolicy):
     """Base of the priority policies: set ``spec`` (a :class:`Priority`) and, for numeric parameters,
-    ``params()``. The compiled twin is built when the class is defined."""
+    ``params()`` (and for a request code, ``request_code()``). The compiled twin is built when the class
+    is defined."""
 
     spec: ClassVar[Priority]
     block_size: int | None = None  # tokens per block: from attach (cache) or prepare (workload)
@@ -108,19 +149,34 @@ class PriorityPolicy(HeapPolicy):
         spec = cls.__dict__.get("spec")
         if spec is None:
             return
-        cls._py = (spec.on_insert.py_func, (spec.on_hit or _nothing).py_func, spec.priority.py_func)
+        layout = {spec.layout} if isinstance(spec.layout, str) else set(spec.layout)
+        leaf = issubclass(cls, LeafHeapPolicy)
+        if spec.expiry is not None and leaf:
+            raise TypeError(f"{cls.__name__}: a leaf-only priority policy cannot have expiries")
+        cls._py = tuple(pythonize(f) for f in (spec.on_insert, spec.on_hit or _nothing, spec.priority,
+                                                spec.expiry or _never, spec.on_expire or _zero))
+        cls._coded = "code" in layout
+        if cls._coded:
+            cls.on_insert, cls.on_hit = cls._insert_coded, cls._hit_coded  # type: ignore[method-assign]
         if spec.on_hit is None:
             cls.on_hit = HeapPolicy.on_hit  # type: ignore[method-assign]
+        if spec.aging is not None or spec.expiry is not None or cls._coded:
+            cls.on_unpin = cls._unpin_general  # type: ignore[method-assign]
         if spec.aging is not None:
-            cls.on_unpin, cls.on_evict = cls._unpin_aging, cls._evict_aging  # type: ignore[method-assign]
-        needs = {spec.layout} if isinstance(spec.layout, str) else set(spec.layout)
-        if needs - {"par"} and "prepare" not in cls.__dict__:
+            cls.on_evict = cls._evict_aging  # type: ignore[method-assign]
+        if spec.expiry is not None:
+            cls.victim = cls._victim_expiring  # type: ignore[method-assign]
+        if layout - {"par"} and "prepare" not in cls.__dict__:
             cls.prepare = PriorityPolicy._keep  # type: ignore[method-assign]
-        cls.compiled = compiled_twin(cls, spec, leaf=issubclass(cls, LeafHeapPolicy))
+        cls.compiled = compiled_twin(cls, spec, leaf=leaf)
 
     def params(self) -> list[float]:
         """The instance's numeric parameters (``s.par``; float64 in the compiled twin)."""
         return []
+
+    def request_code(self, ctx: AccessContext) -> float:
+        """A number the functions read as ``r.code`` (layout part ``"code"``: its value per request)."""
+        return 0.0
 
     def _keep(self, encoded: object) -> None:
         """Keep the replay's EncodedWorkload: ``compiled_params()`` reads the request data it names."""
@@ -144,20 +200,37 @@ class PriorityPolicy(HeapPolicy):
         if name == "prompt_tokens":
             return np.ascontiguousarray(enc.prompt_tokens, dtype=np.int64)  # type: ignore[attr-defined]
         if name == "arrival":
+            if getattr(enc, "arrival", None) is None:
+                raise ConfigError(f"{self.name}: compiled_params() needs prepare(encoded) with per-request arrival")
             return np.ascontiguousarray(enc.arrival, dtype=np.float64)  # type: ignore[attr-defined]
+        if name == "code":
+            return np.ascontiguousarray(self.request_codes(enc), dtype=np.float64)
         raise NotImplementedError(f"{self.name}: compiled_params() part {name!r} is the policy's own")
+
+    def request_codes(self, encoded: object) -> np.ndarray:
+        """``request_code`` of every request of a prepared workload (layout part ``"code"``)."""
+        return np.zeros(len(encoded.prompt_tokens), np.float64)  # type: ignore[attr-defined]
 
     def attach(self, cache: object) -> None:
         super().attach(cache)
+        n = cache.num_blocks  # type: ignore[attr-defined]
         self.block_size = cache.block_size  # type: ignore[attr-defined]
         spec = self.spec
-        blk = [list(spec.block) for _ in range(cache.num_blocks)]  # type: ignore[attr-defined]
+        blk = [list(spec.block) for _ in range(n)]
         init = spec.key
         keys: dict = defaultdict(lambda: list(init))
         glob = list(spec.glob)
         self.state = State(blk, blk, keys, keys, glob, glob, [float(x) for x in self.params()])
-        self._f_insert, self._f_hit, self._f_priority = self._py
-        self._pk = [0] * cache.num_blocks if spec.aging is not None else []  # type: ignore[attr-defined]
+        self._f_insert, self._f_hit, self._f_priority, self._f_expiry, self._f_expire = self._py
+        self._pk = [0] * n if spec.aging is not None else None
+        self._expiries: list[tuple] = []  # (expiry, stamp, block_id) of evictable blocks
+        self._ctx: AccessContext | None = None
+        self._code = 0.0
+
+    def _req(self, ctx: AccessContext) -> Req:
+        if ctx is not self._ctx:  # (a driver may change a request's time, never its labels)
+            self._ctx, self._code = ctx, self.request_code(ctx)
+        return Req(ctx.time, ctx.seq, ctx.request_id, ctx.prompt_tokens, self._code)
 
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
         self._f_insert(self.state, block.block_id, block.key, block.position, ctx)
@@ -165,18 +238,44 @@ class PriorityPolicy(HeapPolicy):
     def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
         self._f_hit(self.state, block.block_id, block.key, block.position, ctx)
 
+    def _insert_coded(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._f_insert(self.state, block.block_id, block.key, block.position, self._req(ctx))
+
+    def _hit_coded(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._f_hit(self.state, block.block_id, block.key, block.position, self._req(ctx))
+
     def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
         bid = block.block_id
         self._push(bid, self._f_priority(self.state, bid, ctx))
 
-    def _unpin_aging(self, block: KVBlock, ctx: AccessContext) -> None:
+    def _unpin_general(self, block: KVBlock, ctx: AccessContext) -> None:
         bid = block.block_id
-        pr = self._pk[bid] = self._f_priority(self.state, bid, ctx)
+        r = self._req(ctx) if self._coded else ctx
+        pr = self._f_priority(self.state, bid, r)
+        if self._pk is not None:
+            self._pk[bid] = pr
         self._push(bid, pr)
+        e = self._f_expiry(self.state, bid, r)
+        if e < inf:
+            expiries = self._expiries
+            heappush(expiries, (e, self._stamp[bid], bid))
+            if len(expiries) > 2 * self._n + 1024:
+                stamp = self._stamp
+                self._expiries = sorted(x for x in expiries if stamp[x[2]] == x[1])
+
+    def _victim_expiring(self) -> KVBlock:
+        expiries = self._expiries
+        if expiries:
+            stamp, now = self._stamp, self.state.glob[self.spec.now]
+            while expiries and expiries[0][0] <= now:
+                _, st, bid = heappop(expiries)
+                if stamp[bid] == st:
+                    self._repush(bid, self._f_expire(self.state, bid))
+        return super().victim()
 
     def _evict_aging(self, block: KVBlock) -> None:
         glob, i = self.state.glob, self.spec.aging
-        pr = self._pk[block.block_id]
+        pr = self._pk[block.block_id]  # type: ignore[index]
         if pr > glob[i]:
             glob[i] = pr
         super().on_evict(block)
@@ -205,13 +304,15 @@ class LeafPriorityPolicy(PriorityPolicy, LeafHeapPolicy):
 
 
 # ---------------------------------------------------------------------- compiled twin
-# state: (Bt, Bft, B, K, M, s, arrival, prompt_tokens, offsets, key_ids). Bt (int64, capacity x (NF + NB +
-# 1); Bft its float64 view): one record per block, the framework's NF fields first (the heap rows of
-# kvlab/policies/_leaf.py), then the policy's NB (s.blk is the view Bt[:, NF:NF + NB]), then PRI = NF + NB,
-# the priority at unpin. B = Bt.T, the framework's row view. K = Kt.T: per dense key, the leaf machinery's
-# CHILD and GHEAD then the policy's key fields. M = [heap size, parked heap size, stamp clock].
+# state: (Bt, Bft, B, K, M, s, arrival, prompt_tokens, offsets, key_ids, code). Bt (int64, capacity x (NF +
+# NB + 1); Bft its float64 view): one record per block, the framework's NF fields first (the heap rows of
+# kvlab/policies/_leaf.py; with expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP), then
+# the policy's NB (s.blk is the view Bt[:, NF:NF + NB]), then PRI = NF + NB, the priority at unpin. B =
+# Bt.T, the framework's row view. K = Kt.T: per dense key, the leaf machinery's CHILD and GHEAD then the
+# policy's key fields. M = [heap size, parked heap size, stamp clock, expiry heap size].
 CHILD, GHEAD = 0, 1  # per-key framework fields (leaf-only)
 _NF = {False: 4, True: _leaf.LEAF_ROWS}  # framework fields per block before the policy's (heap; leaf-only)
+NE = 3  # M slot: expiry heap size
 
 
 @nb.njit(cache=True)
@@ -335,10 +436,11 @@ def _evict_leaf(state, b):
 
 # Templates: specialised per policy by :func:`compiled_twin`, their capitalised globals bound to the
 # policy's functions and constants (placeholders here).
-NF = NB = KF = NK = PRI = SLOT = 0
-HAS_T = HAS_P = False
+NF = NB = KF = NK = PRI = SLOT = NOW = EH = EP = EKEY = ESTAMP = EXP = 0
+HAS_T = HAS_P = HAS_C = EXPIRES = False
 FWINIT = BINIT = KFWINIT = KINIT = GINIT = np.zeros(0, np.int64)
-PAR = ARR = PROMPT = OFF = KEYS = INS = HIT = PRIO = REQ = KEYOF = LINK = PUSH = AGE = EVICT = _nothing
+PAR = ARR = PROMPT = OFF = KEYS = CODE = INS = HIT = PRIO = REQ = KEYOF = LINK = PUSH = AGE = EVICT = _nothing
+PIN = VICTIM = EXPIRY = EXPIRE = EXPPUSH = _nothing
 
 
 def t_init(capacity, num_keys, params):
@@ -356,13 +458,14 @@ def t_init(capacity, num_keys, params):
     Bft = Bt.view(np.float64)
     Kft = Kt.view(np.float64)
     s = State(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params))
-    return (Bt, Bft, Bt.T, Kt.T, np.zeros(3, np.int64), s, ARR(params), PROMPT(params), OFF(params), KEYS(params))
+    return (Bt, Bft, Bt.T, Kt.T, np.zeros(4, np.int64), s, ARR(params), PROMPT(params), OFF(params), KEYS(params),
+            CODE(params))
 
 
 def t_req(state, seq):
-    arrival, prompt = state[6], state[7]
+    arrival, prompt, code = state[6], state[7], state[10]
     return Req(arrival[seq] if HAS_T and seq < len(arrival) else 0.0, seq, -1,
-               prompt[seq] if HAS_P and seq < len(prompt) else 0)
+               prompt[seq] if HAS_P and seq < len(prompt) else 0, code[seq] if HAS_C and seq < len(code) else 0.0)
 
 
 def t_on_insert(state, b, key, seq, pos):
@@ -376,15 +479,47 @@ def t_on_hit(state, b, key, seq, pos):
 
 
 def t_on_unpin(state, b, seq):
-    PUSH(state, b, KEYOF(state[0], state[1], b, PRI, PRIO(state[5], b, REQ(state, seq))))
+    r = REQ(state, seq)
+    PUSH(state, b, KEYOF(state[0], state[1], b, PRI, PRIO(state[5], b, r)))
+    if EXPIRES:
+        e = EXPIRY(state[5], b, r)
+        if e < np.inf:  # the expiry heap, ties in unpin order
+            Bt = state[0]
+            state[1][b, EXP] = e
+            Bt[b, EKEY] = float_key(Bt[b, EXP])
+            Bt[b, ESTAMP] = Bt[b, STAMP]
+            heap_push(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+
+
+def t_on_pin(state, b, seq):
+    PIN(state, b, seq)
+    if EXPIRES and state[2][EP, b] >= 0:
+        heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+
+
+def t_victim(state):
+    if EXPIRES:  # expired blocks (expiry <= now, in expiry order) take their new priority, as if unpinned now
+        Bt, Bft, B, M = state[0], state[1], state[2], state[4]
+        now = state[5].glob[NOW]
+        while M[NE] > 0:
+            b = B[EH, 0]
+            if not Bft[b, EXP] <= now:
+                break
+            heap_remove(B, M, EH, EP, EKEY, ESTAMP, NE, b)
+            k = KEYOF(Bt, Bft, b, PRI, EXPIRE(state[5], b))
+            heap_remove(B, M, H, P, KEY, STAMP, N, b)
+            heap_push_stamped(B, M, H, P, KEY, STAMP, N, SCLOCK, b, k)
+    return VICTIM(state)
 
 
 def t_on_evict(state, b):
     AGE(state, b, PRI, SLOT)
+    if EXPIRES and state[2][EP, b] >= 0:
+        heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
     EVICT(state, b)
 
 
-_TEMPLATES = (t_req, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_evict)
+_TEMPLATES = (t_req, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_pin, t_victim, t_on_evict)
 _GETTERS = {0: _get0, 1: _get1, 2: _get2, 3: _get3}
 
 
@@ -398,7 +533,8 @@ def _raw(values: tuple) -> np.ndarray:
 
 def _digest(cls: type, spec: Priority) -> str:
     """Identifies the policy's code in numba's on-disk cache: its module's source (or its functions' code)."""
-    h = hashlib.sha1(repr((spec.block, spec.key, spec.glob, spec.float_priority, spec.aging, spec.layout)).encode())
+    fields = (spec.block, spec.key, spec.glob, spec.float_priority, spec.aging, spec.layout, spec.now)
+    h = hashlib.sha1(repr(fields).encode())
     try:
         h.update(inspect.getsource(inspect.getmodule(cls)).encode())  # type: ignore[arg-type]
     except (OSError, TypeError):
@@ -419,7 +555,9 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
             return empty
         return _whole if isinstance(spec.layout, str) else _GETTERS[index[name]]
 
-    nf = _NF[leaf]
+    expires = spec.expiry is not None
+    e0 = _NF[leaf]
+    nf = e0 + 5 if expires else e0
     fw = np.zeros(nf, np.int64)
     kfw = np.zeros(2 if leaf else 0, np.int64)
     if leaf:
@@ -427,14 +565,19 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         kfw[GHEAD] = -1
     else:
         fw[P] = -1
+    if expires:
+        fw[e0 + 1] = -1  # EP
     floatp = spec.float_priority
     g = dict(globals())
     g.update(
         NF=nf, NB=len(spec.block), FWINIT=fw, BINIT=_raw(spec.block), KF=len(kfw), NK=len(spec.key),
         KFWINIT=kfw, KINIT=_raw(spec.key), GINIT=_raw(spec.glob), PRI=nf + len(spec.block),
         PAR=getter("par", _no_floats), ARR=getter("arrival", _no_floats), PROMPT=getter("prompt_tokens", _no_ints),
-        OFF=getter("offsets", _no_ints), KEYS=getter("key_ids", _no_ints),
-        HAS_T="arrival" in index, HAS_P="prompt_tokens" in index,
+        OFF=getter("offsets", _no_ints), KEYS=getter("key_ids", _no_ints), CODE=getter("code", _no_floats),
+        HAS_T="arrival" in index, HAS_P="prompt_tokens" in index, HAS_C="code" in index, EXPIRES=expires,
+        EH=e0, EP=e0 + 1, EKEY=e0 + 2, ESTAMP=e0 + 3, EXP=e0 + 4, NOW=spec.now,
+        EXPIRY=spec.expiry or _never, EXPIRE=spec.on_expire or _zero,
+        PIN=_pin_leaf if leaf else _pin_heap, VICTIM=_victim_leaf if leaf else _victim_heap,
         INS=spec.on_insert, HIT=spec.on_hit or _nothing, PRIO=spec.priority,
         KEYOF=_key_float if floatp else _key_int, LINK=_link_leaf if leaf else _link_none,
         PUSH=_push_leaf if leaf else _push_heap, EVICT=_evict_leaf if leaf else _evict_heap,
@@ -448,5 +591,5 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         f.__qualname__ = f"{label}.{tmpl.__name__}"
         made[tmpl.__name__] = nb.njit(cache=True)(f)
     g["REQ"] = made["t_req"]
-    return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], _pin_leaf if leaf else _pin_heap,
-                          made["t_on_unpin"], _victim_leaf if leaf else _victim_heap, made["t_on_evict"])
+    return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], made["t_on_pin"], made["t_on_unpin"],
+                          made["t_victim"], made["t_on_evict"])

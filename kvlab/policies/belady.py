@@ -132,14 +132,6 @@ class Belady(HeapPolicy):
                         self._repush(bid, NEVER - nxt[j])
         self._done = seq
 
-    def _repush(self, bid: int, priority: int) -> None:
-        """A new entry for an evictable block whose key's next use moved (the old one goes stale)."""
-        s = self._next
-        self._next = s + 1
-        self._stamp[bid] = s
-        self._put((priority, s, bid))
-        self._stale += 1
-
     # Hooks only note the latest request index; keys are advanced when an order is needed (on_unpin,
     # victim), after the request's hits are pinned, so hit blocks never get an entry they lose at once.
 
