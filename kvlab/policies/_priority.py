@@ -46,7 +46,9 @@ from typing import Any, ClassVar, NamedTuple
 
 import numba as nb
 import numpy as np
+from numba.core import types as nbtypes
 from numba.core.dispatcher import Dispatcher
+from numba.extending import overload
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
@@ -55,7 +57,15 @@ from kvlab.errors import ConfigError
 from kvlab.policies import _leaf
 from kvlab.policies._heap import HeapPolicy, LeafHeapPolicy
 from kvlab.policies._leaf import GNXT, GPRV, KEY, SCLOCK, STAMP, H, N, P
-from kvlab.policies._queues import float_key, heap_push, heap_push_stamped, heap_remove
+from kvlab.policies._queues import (
+    float_key,
+    heap_fix,
+    heap_push,
+    heap_push_stamped,
+    heap_remove,
+    list_append,
+    list_unlink,
+)
 
 
 class State(NamedTuple):
@@ -68,6 +78,8 @@ class State(NamedTuple):
     glob: Any
     globi: Any
     par: Any
+    data: Any = ()  # the policy's data (``Priority(data=...)``): arrays compiled, lists in Python
+    fw: Any = None  # the framework's (for ``requeue_key``): its arrays compiled, the policy object in Python
 
 
 class Req(NamedTuple):
@@ -105,7 +117,12 @@ class Priority:
     ``expiry(s, b, r) -> float`` (called at unpin, after ``priority``; ``inf`` = none) and
     ``on_expire(s, b) -> priority``: when ``glob[now]`` reaches an evictable block's expiry (checked at
     each victim, expiries in order), the block takes the priority ``on_expire`` returns, as if unpinned
-    then (TensorRT-LLM's expired retention priorities)."""
+    then (TensorRT-LLM's expired retention priorities).
+
+    ``by_key=True``: the framework keeps each key's evictable blocks in unpin order, and a function may
+    call ``requeue_key(s, key, priority)`` to give them a new priority, in that order, as if unpinned now;
+    ``refresh(s)`` is called at the start of each victim (Belady moves next uses there). ``data``: the
+    names of ``layout`` parts the functions read as ``s.data`` (Python: ``data()``)."""
 
     priority: Any
     on_insert: Any = _nothing
@@ -119,12 +136,27 @@ class Priority:
     expiry: Any = None
     on_expire: Any = None
     now: int = 0
+    refresh: Any = None
+    by_key: bool = False
+    data: tuple[str, ...] = ()
+
+
+@nb.njit(cache=True)
+def _no_refresh(s):
+    pass
+
+
+def _requeue_key_py(s: State, key: object, priority: object) -> None:
+    s.fw._requeue_key(key, priority)
 
 
 def pythonize(fn: object, done: dict | None = None) -> FunctionType:
     """The plain Python function of a numba dispatcher, whose calls to other dispatchers (helpers) call
-    their plain Python functions too (the Python core runs a policy's functions without numba)."""
+    their plain Python functions too (the Python core runs a policy's functions without numba); the
+    framework's ``requeue_key`` becomes its Python version."""
     done = {} if done is None else done
+    if fn is requeue_key:
+        return _requeue_key_py  # type: ignore[return-value]
     py = fn.py_func  # type: ignore[attr-defined]
     if fn in done:
         return done[fn]
@@ -151,21 +183,24 @@ class PriorityPolicy(HeapPolicy):
             return
         layout = {spec.layout} if isinstance(spec.layout, str) else set(spec.layout)
         leaf = issubclass(cls, LeafHeapPolicy)
-        if spec.expiry is not None and leaf:
-            raise TypeError(f"{cls.__name__}: a leaf-only priority policy cannot have expiries")
+        if (spec.expiry is not None or spec.by_key) and leaf:
+            raise TypeError(f"{cls.__name__}: a leaf-only priority policy cannot have expiries or key lists")
         cls._py = tuple(pythonize(f) for f in (spec.on_insert, spec.on_hit or _nothing, spec.priority,
-                                                spec.expiry or _never, spec.on_expire or _zero))
+                                                spec.expiry or _never, spec.on_expire or _zero,
+                                                spec.refresh or _no_refresh))
         cls._coded = "code" in layout
         if cls._coded:
             cls.on_insert, cls.on_hit = cls._insert_coded, cls._hit_coded  # type: ignore[method-assign]
         if spec.on_hit is None:
             cls.on_hit = HeapPolicy.on_hit  # type: ignore[method-assign]
-        if spec.aging is not None or spec.expiry is not None or cls._coded:
+        if spec.aging is not None or spec.expiry is not None or cls._coded or spec.by_key:
             cls.on_unpin = cls._unpin_general  # type: ignore[method-assign]
-        if spec.aging is not None:
-            cls.on_evict = cls._evict_aging  # type: ignore[method-assign]
-        if spec.expiry is not None:
-            cls.victim = cls._victim_expiring  # type: ignore[method-assign]
+        if spec.aging is not None or spec.by_key:
+            cls.on_evict = cls._evict_general  # type: ignore[method-assign]
+        if spec.by_key:
+            cls.on_pin = cls._pin_by_key  # type: ignore[method-assign]
+        if spec.expiry is not None or spec.refresh is not None:
+            cls.victim = cls._victim_general  # type: ignore[method-assign]
         if layout - {"par"} and "prepare" not in cls.__dict__:
             cls.prepare = PriorityPolicy._keep  # type: ignore[method-assign]
         cls.compiled = compiled_twin(cls, spec, leaf=leaf)
@@ -173,6 +208,10 @@ class PriorityPolicy(HeapPolicy):
     def params(self) -> list[float]:
         """The instance's numeric parameters (``s.par``; float64 in the compiled twin)."""
         return []
+
+    def data(self) -> tuple:
+        """``s.data`` in the Python core (``Priority(data=...)``): lists, or what refuses to be read."""
+        return ()
 
     def request_code(self, ctx: AccessContext) -> float:
         """A number the functions read as ``r.code`` (layout part ``"code"``: its value per request)."""
@@ -220,9 +259,10 @@ class PriorityPolicy(HeapPolicy):
         init = spec.key
         keys: dict = defaultdict(lambda: list(init))
         glob = list(spec.glob)
-        self.state = State(blk, blk, keys, keys, glob, glob, [float(x) for x in self.params()])
-        self._f_insert, self._f_hit, self._f_priority, self._f_expiry, self._f_expire = self._py
+        self.state = State(blk, blk, keys, keys, glob, glob, [float(x) for x in self.params()], self.data(), self)
+        self._f_insert, self._f_hit, self._f_priority, self._f_expiry, self._f_expire, self._f_refresh = self._py
         self._pk = [0] * n if spec.aging is not None else None
+        self._by_key: dict | None = {} if spec.by_key else None  # key -> its evictable block(s), unpin order
         self._expiries: list[tuple] = []  # (expiry, stamp, block_id) of evictable blocks
         self._ctx: AccessContext | None = None
         self._code = 0.0
@@ -255,6 +295,16 @@ class PriorityPolicy(HeapPolicy):
         if self._pk is not None:
             self._pk[bid] = pr
         self._push(bid, pr)
+        by_key = self._by_key
+        if by_key is not None:
+            k = block.key
+            held = by_key.get(k)
+            if held is None:
+                by_key[k] = bid
+            elif type(held) is int:
+                by_key[k] = [held, bid]
+            else:
+                held.append(bid)
         e = self._f_expiry(self.state, bid, r)
         if e < inf:
             expiries = self._expiries
@@ -263,7 +313,29 @@ class PriorityPolicy(HeapPolicy):
                 stamp = self._stamp
                 self._expiries = sorted(x for x in expiries if stamp[x[2]] == x[1])
 
-    def _victim_expiring(self) -> KVBlock:
+    def _forget_key(self, block: KVBlock) -> None:
+        k = block.key
+        by_key = self._by_key
+        held = by_key[k]  # type: ignore[index]
+        if type(held) is int:
+            del by_key[k]  # type: ignore[attr-defined]
+        else:
+            held.remove(block.block_id)
+            if len(held) == 1:
+                by_key[k] = held[0]  # type: ignore[index]
+
+    def _requeue_key(self, key: object, priority: object) -> None:
+        held = self._by_key.get(key)  # type: ignore[union-attr]
+        if held is not None:
+            for bid in [held] if type(held) is int else held:
+                self._repush(bid, priority)
+
+    def _pin_by_key(self, block: KVBlock, ctx: AccessContext) -> None:
+        self._forget_key(block)
+        super().on_pin(block, ctx)
+
+    def _victim_general(self) -> KVBlock:
+        self._f_refresh(self.state)
         expiries = self._expiries
         if expiries:
             stamp, now = self._stamp, self.state.glob[self.spec.now]
@@ -273,14 +345,19 @@ class PriorityPolicy(HeapPolicy):
                     self._repush(bid, self._f_expire(self.state, bid))
         return super().victim()
 
-    def _evict_aging(self, block: KVBlock) -> None:
-        glob, i = self.state.glob, self.spec.aging
-        pr = self._pk[block.block_id]  # type: ignore[index]
-        if pr > glob[i]:
-            glob[i] = pr
+    def _evict_general(self, block: KVBlock) -> None:
+        if self._pk is not None:
+            glob, i = self.state.glob, self.spec.aging
+            pr = self._pk[block.block_id]
+            if pr > glob[i]:
+                glob[i] = pr
+        if self._by_key is not None:
+            self._forget_key(block)
         super().on_evict(block)
 
     def on_remove(self, block: KVBlock) -> None:
+        if self._by_key is not None:
+            self._forget_key(block)
         super().on_evict(block)  # the heap's (leaf-only: parked groups too): no aging
 
 
@@ -362,6 +439,33 @@ def _key_int(Bt, Bft, b, pri, pr):
     return Bt[b, pri]
 
 
+def _keyof(Bt, Bft, b, pri, p):
+    """The heap key of priority ``p`` (an int as it is, a float through ``float_key``), kept in field ``pri``."""
+
+
+@overload(_keyof, jit_options={"cache": True})
+def _keyof_impl(Bt, Bft, b, pri, p):
+    if isinstance(p, nbtypes.Float):
+        return lambda Bt, Bft, b, pri, p: _key_float(Bt, Bft, b, pri, p)
+    return lambda Bt, Bft, b, pri, p: _key_int(Bt, Bft, b, pri, p)
+
+
+@nb.njit(cache=True)
+def requeue_key(s, key, priority):
+    """Give every evictable block of ``key`` the new ``priority`` (in their unpin order, each as if unpinned
+    now: a new stamp). For a policy's functions, with ``Priority(by_key=True)``; in the Python core it is
+    :meth:`PriorityPolicy._requeue_key`."""
+    Bt, Bft, B, K, M, rows = s.fw
+    nxt, head, pri = rows[0], rows[1], rows[2]
+    b = K[head, key]
+    while b >= 0:
+        B[KEY, b] = _keyof(Bt, Bft, b, pri, priority)
+        B[STAMP, b] = M[SCLOCK]
+        M[SCLOCK] += 1
+        heap_fix(B, M, H, P, KEY, STAMP, N, b)
+        b = B[nxt, b]
+
+
 @nb.njit(cache=True)
 def _age_none(state, b, pri, slot):
     pass
@@ -436,11 +540,11 @@ def _evict_leaf(state, b):
 
 # Templates: specialised per policy by :func:`compiled_twin`, their capitalised globals bound to the
 # policy's functions and constants (placeholders here).
-NF = NB = KF = NK = PRI = SLOT = NOW = EH = EP = EKEY = ESTAMP = EXP = 0
-HAS_T = HAS_P = HAS_C = EXPIRES = False
-FWINIT = BINIT = KFWINIT = KINIT = GINIT = np.zeros(0, np.int64)
+NF = NB = KF = NK = PRI = SLOT = NOW = EH = EP = EKEY = ESTAMP = EXP = BK = KNXT = KPRV = KHEAD = KTAIL = ND = 0
+HAS_T = HAS_P = HAS_C = EXPIRES = BYKEY = False
+FWINIT = BINIT = KFWINIT = KINIT = GINIT = ROWS = np.zeros(0, np.int64)
 PAR = ARR = PROMPT = OFF = KEYS = CODE = INS = HIT = PRIO = REQ = KEYOF = LINK = PUSH = AGE = EVICT = _nothing
-PIN = VICTIM = EXPIRY = EXPIRE = EXPPUSH = _nothing
+PIN = VICTIM = EXPIRY = EXPIRE = REFRESH = DATA = D0 = D1 = D2 = _nothing
 
 
 def t_init(capacity, num_keys, params):
@@ -457,9 +561,10 @@ def t_init(capacity, num_keys, params):
     G = GINIT.copy()
     Bft = Bt.view(np.float64)
     Kft = Kt.view(np.float64)
-    s = State(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params))
-    return (Bt, Bft, Bt.T, Kt.T, np.zeros(4, np.int64), s, ARR(params), PROMPT(params), OFF(params), KEYS(params),
-            CODE(params))
+    M = np.zeros(4, np.int64)
+    s = State(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params),
+              DATA(params), (Bt, Bft, Bt.T, Kt.T, M, ROWS))
+    return (Bt, Bft, Bt.T, Kt.T, M, s, ARR(params), PROMPT(params), OFF(params), KEYS(params), CODE(params))
 
 
 def t_req(state, seq):
@@ -471,6 +576,8 @@ def t_req(state, seq):
 def t_on_insert(state, b, key, seq, pos):
     INS(state[5], b, key, pos, REQ(state, seq))
     LINK(state, b, key, seq, pos)
+    if BYKEY:
+        state[0][b, BK] = key
 
 
 def t_on_hit(state, b, key, seq, pos):
@@ -489,15 +596,20 @@ def t_on_unpin(state, b, seq):
             Bt[b, EKEY] = float_key(Bt[b, EXP])
             Bt[b, ESTAMP] = Bt[b, STAMP]
             heap_push(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+    if BYKEY:
+        list_append(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
 
 
 def t_on_pin(state, b, seq):
     PIN(state, b, seq)
     if EXPIRES and state[2][EP, b] >= 0:
         heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+    if BYKEY:
+        list_unlink(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
 
 
 def t_victim(state):
+    REFRESH(state[5])
     if EXPIRES:  # expired blocks (expiry <= now, in expiry order) take their new priority, as if unpinned now
         Bt, Bft, B, M = state[0], state[1], state[2], state[4]
         now = state[5].glob[NOW]
@@ -516,10 +628,22 @@ def t_on_evict(state, b):
     AGE(state, b, PRI, SLOT)
     if EXPIRES and state[2][EP, b] >= 0:
         heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+    if BYKEY:
+        list_unlink(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
     EVICT(state, b)
 
 
-_TEMPLATES = (t_req, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_pin, t_victim, t_on_evict)
+def t_data(params):
+    if ND == 0:
+        return ()
+    if ND == 1:
+        return (D0(params),)
+    if ND == 2:
+        return (D0(params), D1(params))
+    return (D0(params), D1(params), D2(params))
+
+
+_TEMPLATES = (t_req, t_data, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_pin, t_victim, t_on_evict)
 _GETTERS = {0: _get0, 1: _get1, 2: _get2, 3: _get3}
 
 
@@ -557,12 +681,18 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
 
     expires = spec.expiry is not None
     e0 = _NF[leaf]
-    nf = e0 + 5 if expires else e0
+    k0 = e0 + 5 if expires else e0  # the by-key rows: the block's key, its key's list of evictable blocks
+    nf = k0 + 3 if spec.by_key else k0
     fw = np.zeros(nf, np.int64)
-    kfw = np.zeros(2 if leaf else 0, np.int64)
+    kfw = np.full(2 if leaf or spec.by_key else 0, -1, np.int64)
+    if spec.by_key:
+        fw[k0:] = -1
+    if len(spec.data) > 3:
+        raise TypeError(f"{cls.__name__}: at most 3 data parts")
+    data = [getter(name, _no_floats) for name in spec.data] + [_no_floats] * (3 - len(spec.data))
     if leaf:
         fw[[_leaf.P, _leaf.P2, _leaf.BKEY, _leaf.BPAR, GNXT, GPRV]] = -1
-        kfw[GHEAD] = -1
+        kfw[CHILD] = 0
     else:
         fw[P] = -1
     if expires:
@@ -576,7 +706,10 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         OFF=getter("offsets", _no_ints), KEYS=getter("key_ids", _no_ints), CODE=getter("code", _no_floats),
         HAS_T="arrival" in index, HAS_P="prompt_tokens" in index, HAS_C="code" in index, EXPIRES=expires,
         EH=e0, EP=e0 + 1, EKEY=e0 + 2, ESTAMP=e0 + 3, EXP=e0 + 4, NOW=spec.now,
-        EXPIRY=spec.expiry or _never, EXPIRE=spec.on_expire or _zero,
+        EXPIRY=spec.expiry or _never, EXPIRE=spec.on_expire or _zero, REFRESH=spec.refresh or _no_refresh,
+        BYKEY=spec.by_key, BK=k0, KNXT=k0 + 1, KPRV=k0 + 2, KHEAD=0, KTAIL=1,
+        ROWS=np.array([k0 + 1, 0, nf + len(spec.block)]),
+        ND=len(spec.data), D0=data[0], D1=data[1], D2=data[2],
         PIN=_pin_leaf if leaf else _pin_heap, VICTIM=_victim_leaf if leaf else _victim_heap,
         INS=spec.on_insert, HIT=spec.on_hit or _nothing, PRIO=spec.priority,
         KEYOF=_key_float if floatp else _key_int, LINK=_link_leaf if leaf else _link_none,
@@ -590,6 +723,6 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         f = types.FunctionType(tmpl.__code__, g, tmpl.__name__, tmpl.__defaults__, tmpl.__closure__)
         f.__qualname__ = f"{label}.{tmpl.__name__}"
         made[tmpl.__name__] = nb.njit(cache=True)(f)
-    g["REQ"] = made["t_req"]
+    g["REQ"], g["DATA"] = made["t_req"], made["t_data"]
     return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], made["t_on_pin"], made["t_on_unpin"],
                           made["t_victim"], made["t_on_evict"])
