@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.cache import AccessContext, PrefixCache
+from kvlab.cache import AccessContext, PrefixCache, admission
 from kvlab.errors import CapacityError, ConfigError
+from kvlab.policies.base import EvictionPolicy
 
 
 def chain(tokens: list, bs: int, root: object = "root") -> list:
@@ -119,9 +120,7 @@ def test_recomputed_last_block_is_a_duplicate_and_either_copy_serves():
     cache.release(first.blocks)
     cache.release(second.blocks)
     # evict the older copy only: the other stays findable
-    cache.policy.on_evict(first.blocks[1])
-    cache._drop_key(first.blocks[1])
-    cache._free.append(first.blocks[1])
+    cache._drop_keys(1, iter([first.blocks[1]]).__next__, cache.policy.on_evict, cache._free)
     assert cache.get(k1) is second.blocks[1]
     assert run(cache, tokens + [5]).hit_blocks == 2
 
@@ -150,19 +149,21 @@ def test_seed_002_worked_example(changed, expected_hits):
 
 
 def test_failed_allocation_has_no_side_effects():
-    cache = PrefixCache(5, block_size=2)
-    run(cache, [1, 1, 2, 2, 3, 3])  # 3 evictable
-    hold = run(cache, [7, 7], release=False)  # 1 running (took a free block)
-    before = (alloc_order_snapshot(cache), cache.num_cached_blocks, cache.stats.hits, cache.stats.evictions)
+    def cache_with_one_running() -> tuple[PrefixCache, object]:
+        cache = PrefixCache(5, block_size=2)
+        run(cache, [1, 1, 2, 2, 3, 3])  # 3 evictable
+        return cache, run(cache, [7, 7], release=False)  # 1 running (took a free block)
+
+    cache, hold = cache_with_one_running()
+    twin, twin_hold = cache_with_one_running()  # the same state, never offered the request
+    before = (cache.num_cached_blocks, cache.num_evictable_blocks, cache.stats.hits, cache.stats.evictions)
     # hits 2 evictable blocks and needs 3 new: free+evictable = 4, minus its 2 evictable hits = 2 < 3
     assert run(cache, [1, 1, 2, 2, 4, 4, 5, 5, 6]) is None
-    after = (alloc_order_snapshot(cache), cache.num_cached_blocks, cache.stats.hits, cache.stats.evictions)
+    after = (cache.num_cached_blocks, cache.num_evictable_blocks, cache.stats.hits, cache.stats.evictions)
     assert before == after
     cache.release(hold.blocks)
-
-
-def alloc_order_snapshot(cache: PrefixCache) -> tuple:
-    return tuple(b.block_id for b in cache._free) + tuple(cache.policy._queue)
+    twin.release(twin_hold.blocks)
+    assert alloc_order(cache) == alloc_order(twin)  # free queue and eviction order untouched
 
 
 def test_fit_check_counts_own_evictable_hits():
@@ -209,7 +210,13 @@ def test_capacity_never_exceeded_and_refcounts_balance():
         assert cache.num_running_blocks + cache.num_free_blocks == 12
         assert all(b.ref_cnt >= 0 for b in cache.blocks)
         pinned = {id(b) for a in running for b in a.blocks}
-        assert all(id(b) not in pinned for b in cache.policy._queue.values())
+        assert all(b.ref_cnt > 0 for b in cache.blocks if id(b) in pinned)
+        # the policy's evictable set is exactly the unpinned keyed blocks (its size; victims below)
+        assert len(cache.policy) == sum(1 for b in cache.blocks if b.ref_cnt == 0 and b.key is not None)
+    assert running
+    taken, _ = cache.allocate(cache.num_free_blocks)  # every free and evictable block: none is pinned
+    assert all(id(b) not in pinned for b in taken)
+    cache.release(taken)
     for a in running:
         cache.release(a.blocks)
     assert cache.num_running_blocks == 0
@@ -222,3 +229,82 @@ def test_bad_config():
         PrefixCache(4, "nope")
     with pytest.raises(ConfigError, match="counting mode"):
         PrefixCache(4).max_hit_blocks(10, 2, "sometimes")
+
+
+# ---------------------------------------------------------------------- the admission sequence
+class Recorder(EvictionPolicy):
+    """FIFO over evictable blocks that logs every hook call (block ids, keys)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self._queue: dict[int, object] = {}
+
+    def on_insert(self, block, ctx):
+        self.log.append(("insert", block.block_id, block.key))
+
+    def on_hit(self, block, ctx):
+        self.log.append(("hit", block.block_id))
+
+    def on_miss(self, keys, ctx):
+        self.log.append(("miss", *keys))
+
+    def on_pin(self, block, ctx):
+        self.log.append(("pin", block.block_id))
+        del self._queue[block.block_id]
+
+    def on_unpin(self, block, ctx):
+        self._queue[block.block_id] = block
+
+    def victim(self):
+        block = next(iter(self._queue.values()))
+        self.log.append(("victim", block.block_id))
+        return block
+
+    def on_evict(self, block):
+        self.log.append(("evict", block.block_id, block.key))
+        del self._queue[block.block_id]
+
+    def __len__(self):
+        return len(self._queue)
+
+
+def test_admission_sequence_order_and_a_refused_request_calls_no_hook():
+    """lookup -> (lower-tier lookup) -> fit -> pin -> on_miss -> allocate -> (load) -> key, in that order."""
+    policy = Recorder()
+    cache = PrefixCache(4, policy, block_size=2)
+    run(cache, [1, 1, 2, 2, 3, 3])  # blocks 0-2 keyed (keys a, b, c), 3 free
+    a, b, c = chain([1, 1, 2, 2, 3, 3], 2)
+    policy.log.clear()
+    assert run(cache, [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7]) is None  # 7 blocks > 4: refused
+    assert policy.log == []
+    keys = chain([1, 1, 9, 9, 8, 8, 7], 2)  # hits a; misses 2 keys; 4 blocks: 1 hit, 1 free, 2 victims
+    adm = run(cache, [1, 1, 9, 9, 8, 8, 7], release=False)
+    assert (adm.hit_blocks, adm.new_blocks, adm.evictions) == (1, 3, 2)
+    assert policy.log == [
+        ("hit", 0), ("pin", 0),  # pin: before anything is allocated
+        ("miss", keys[1], keys[2]),  # on_miss: the keys of the new full blocks, before any victim
+        ("victim", 2), ("evict", 2, c), ("victim", 1), ("evict", 1, b),  # allocate: free block 3 first
+        ("insert", 3, keys[1]), ("insert", 2, keys[2]),  # key: the new full blocks, partial block 1 unkeyed
+    ]
+    assert [blk.block_id for blk in adm.blocks] == [0, 3, 2, 1] and adm.blocks[3].key is None
+
+
+def test_admission_steps_compose_to_admit():
+    """The replay's admit is the sequence's functions with the new full blocks keyed at once."""
+    cache, twin = PrefixCache(6, block_size=2), PrefixCache(6, block_size=2)
+    for tokens in ([1, 1, 2, 2, 3], [1, 1, 2, 2, 4, 4, 5], [6, 6, 7, 7, 8, 8, 9], [1, 1, 2, 2, 3]):
+        keys = chain(tokens, 2)
+        adm = run(cache, tokens, release=False)
+        found = admission.lookup(twin, keys, len(tokens))
+        assert found.lower == () and found.num_blocks == len(found.hits)  # no lower tier yet
+        placed = admission.admit(twin, found, keys, -(-len(tokens) // 2) - found.num_blocks, AccessContext())
+        h = found.num_blocks
+        admission.key(twin, placed.blocks[: len(keys) - h], keys, h, AccessContext())
+        got = [blk.block_id for blk in found.hits + placed.blocks]
+        assert got == [blk.block_id for blk in adm.blocks] and (h, placed.evictions) == (adm.hit_blocks, adm.evictions)
+        cache.release(adm.blocks)
+        twin.release(found.hits + placed.blocks)
+    assert admission.grow(twin, [], 0, 7, AccessContext()) is None  # 7 > 6 blocks: nothing changes
+    assert twin.num_free_blocks == 6 and twin.num_cached_blocks == cache.num_cached_blocks

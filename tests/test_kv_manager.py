@@ -92,3 +92,36 @@ def test_blocks_grow_with_tokens_and_are_keyed_when_full():
     assert cache.num_running_blocks == 0 and cache.num_cached_blocks == 2
     with pytest.raises(ConfigError):
         KVCacheManager(cache, cache_at="later")
+
+
+def test_truths_growing_keys_keying_after_compute_and_request_time():
+    """What the engine's sequential driver uses: truths recorded on keyed blocks, keys appended as tokens are
+    sampled (re-arming the keying trigger), blocks keyed right after the forward pass (never over K/V that a
+    failed forward did not write), and ``now=None``: each request's own ``ctx.time``."""
+    cache = PrefixCache(8, "lru", block_size=4)
+    manager = KVCacheManager(cache, cache_at="compute", now=None)
+    req = KVRequest(0, 6, keys=[1], truths=["t1"])
+    req.ctx.time = 12.5
+    assert manager.allocate_slots(req, 12, []) and len(req.blocks) == 3  # slots for 6 more tokens ahead
+    assert req.num_keyed_blocks == 0
+    req.num_computed_tokens = 6  # the forward wrote positions 0..5
+    assert manager.cache_computed(req) == 1 and req.blocks[0].key == 1 and req.blocks[0].truth == "t1"
+    assert manager.cache_computed(req) == 0 and req.key_at > 10**9  # every known key placed
+    req.num_tokens = req.num_computed_tokens = 8  # two sampled tokens computed: block 1 is full
+    manager.extend_keys(req, [2], ["t2"])  # its key is known now
+    assert req.key_at == 8 and req.keys == [1, 2]
+    req.num_tokens = 9
+    assert manager.allocate_slots(req, 1) and len(req.blocks) == 3  # room in the held blocks, yet keyed
+    assert req.num_keyed_blocks == 2 and req.blocks[1].key == 2 and req.blocks[1].truth == "t2"
+    with pytest.raises(ConfigError, match="truths"):
+        manager.extend_keys(req, [3])
+    req.num_computed_tokens = 9
+    manager.free(req)
+    assert req.ctx.time == 12.5 and cache.num_cached_blocks == 2
+    # a failed forward: the request is freed without advancing num_computed_tokens, so nothing is keyed
+    other = KVRequest(1, 12, keys=[1, 2, 7], truths=["t1", "t2", "t7"])
+    hits, hit_tokens = manager.get_computed_blocks(other)
+    assert hit_tokens == 8 and manager.allocate_slots(other, 12 - hit_tokens, hits)
+    assert other.num_computed_tokens == 8 and other.hit_blocks == 2
+    manager.free(other)
+    assert cache.get(7) is None and cache.num_cached_blocks == 2 and cache.num_running_blocks == 0

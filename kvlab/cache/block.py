@@ -23,9 +23,3 @@ class KVBlock:
     position: int = -1
     parent: Hashable | None = None
     truth: Hashable | None = None
-
-    def clear_key(self) -> None:
-        self.key = None
-        self.position = -1
-        self.parent = None
-        self.truth = None

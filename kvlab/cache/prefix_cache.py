@@ -15,16 +15,22 @@ Semantics follow vLLM v1 automatic prefix caching (DESIGN.md):
   tokens (mode ``vllm``) and admits a request only if its new blocks fit in the free blocks minus its
   own evictable hits; a request that does not fit changes nothing.
 
+The methods here are the block-level primitives (each one state transition, with its policy hooks);
+the order in which a request goes through them is the admission sequence of :mod:`kvlab.cache.admission`,
+which ``admit`` runs for the replay.
+
 Units: capacities and counts in blocks; ``block_size`` in tokens.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvlab.cache import admission
+from kvlab.cache.admission import COUNTING_MODES
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.errors import CapacityError, ConfigError
@@ -32,7 +38,7 @@ from kvlab.errors import CapacityError, ConfigError
 if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it lazily at run time
     from kvlab.policies import EvictionPolicy
 
-COUNTING_MODES = ("vllm", "ideal")
+__all__ = ["COUNTING_MODES", "Admission", "CacheStats", "PrefixCache", "pool_blocks"]
 
 
 def pool_blocks(capacity_blocks: int, demand_blocks: int) -> int:
@@ -172,55 +178,23 @@ class PrefixCache:
             block.ref_cnt += 1
         self.stats.hits += len(blocks)
 
-    def allocate(
-        self, num: int, ctx: AccessContext = NO_CONTEXT, keys: Sequence[Hashable] = ()
-    ) -> tuple[list[KVBlock], int]:
-        """Take ``num`` blocks (ref count 1, no key): free ones first, then policy victims.
-
-        ``keys`` (at most ``num``): the keys the first new blocks will get once computed, told to the
-        policy (``on_miss``) before any victim is chosen. Returns ``(blocks, evictions)``. Raises
-        CapacityError (changing nothing) if they do not fit.
+    def allocate(self, num: int, ctx: AccessContext = NO_CONTEXT) -> tuple[list[KVBlock], int]:
+        """Take ``num`` blocks (ref count 1, no key): free ones first, then policy victims, whose keys are
+        dropped. Returns ``(blocks, evictions)``. Raises CapacityError (changing nothing) if they do not fit.
+        (The admission sequence names the keys the new blocks will get to the policy first: ``on_miss``.)
         """
         if num > self.num_free_blocks:
             raise CapacityError(f"cannot allocate {num} blocks: {self.num_free_blocks} free or evictable")
-        if keys:
-            self.policy.on_miss(keys, ctx)
         free = self._free
         take = min(num, len(free))
         out: list[KVBlock] = [free.popleft() for _ in range(take)]
         evicted = num - take
-        orphaned = 0
         if evicted:
-            victim, on_evict = self.policy.victim, self.policy.on_evict
-            index, children = self._index, self._children
-            orphans = self._orphans
-            for _ in range(evicted):
-                block = victim()
-                on_evict(block)
-                key, parent = block.key, block.parent
-                if parent is not None:  # (_drop_key, inlined: this loop is the replay's hot path)
-                    left = children[parent] - 1
-                    if left:
-                        children[parent] = left
-                    else:
-                        del children[parent]
-                    if parent not in index:  # an orphan leaves
-                        orphaned += 1
-                        orphans -= 1
-                held = index[key]
-                del held[block.block_id]
-                if not held:
-                    del index[key]
-                    orphans += children.get(key, 0)  # its cached children become unreachable
-                block.key = block.parent = block.truth = None
-                block.position = -1
-                out.append(block)
-                self._orphans = orphans  # (kept current: a policy may read the cache between victims)
-                self._cached -= 1
+            orphaned = self._drop_keys(evicted, self.policy.victim, self.policy.on_evict, out)
+            self.stats.evictions += evicted
+            self.stats.orphan_evictions += orphaned
         for block in out:
             block.ref_cnt = 1
-        self.stats.evictions += evicted
-        self.stats.orphan_evictions += orphaned
         return out, evicted
 
     def cache_blocks(
@@ -282,41 +256,53 @@ class PrefixCache:
         """Drop every cached key. Allowed only while no block is in use (vLLM: reset_prefix_cache)."""
         if self.num_running_blocks:
             raise CapacityError(f"cannot reset: {self.num_running_blocks} blocks are in use")
-        for held in list(self._index.values()):
-            for block in list(held.values()):
-                self.policy.on_remove(block)
-                self._drop_key(block)
+        cached = [block for held in self._index.values() for block in held.values()]
+        self._drop_keys(len(cached), iter(cached).__next__, self.policy.on_remove, [])
         self._free = deque(self.blocks)
         self._children.clear()
         self._orphans = 0
         self.stats = CacheStats()
 
-    def _drop_key(self, block: KVBlock) -> None:
-        parent = block.parent
-        if parent is not None:
-            left = self._children[parent] - 1
-            if left:
-                self._children[parent] = left
-            else:
-                del self._children[parent]
-            if parent not in self._index:
-                self._orphans -= 1
-        held = self._index[block.key]
-        del held[block.block_id]
-        if not held:
-            del self._index[block.key]
-            self._orphans += self._children.get(block.key, 0)  # its cached children become unreachable
-        block.clear_key()
-        self._cached -= 1
+    def _drop_keys(
+        self, num: int, pick: Callable[[], KVBlock], hook: Callable[[KVBlock], None], out: list[KVBlock]
+    ) -> int:
+        """Take ``num`` keyed blocks, each chosen by ``pick()`` and told to the policy by ``hook(block)`` (the
+        policy's ``victim`` / ``on_evict`` for evictions, the cached blocks / ``on_remove`` for ``reset``), and
+        forget their keys: index, orphan accounting, cached count. The one place a key leaves the cache
+        (``cache_blocks`` is the one place a key enters it). The blocks are appended to ``out``; returns how
+        many of them were orphans (parent key not cached). The state is current after each block: the
+        policy may read the cache in ``pick`` and ``hook``. (One loop, not a call per block: the replay's
+        eviction hot path.)"""
+        index, children = self._index, self._children
+        orphaned = 0
+        for _ in range(num):
+            block = pick()
+            hook(block)
+            key, parent = block.key, block.parent
+            if parent is not None:
+                left = children[parent] - 1
+                if left:
+                    children[parent] = left
+                else:
+                    del children[parent]
+                if parent not in index:  # an orphan leaves
+                    orphaned += 1
+                    self._orphans -= 1
+            held = index[key]
+            del held[block.block_id]
+            if not held:
+                del index[key]
+                self._orphans += children.get(key, 0)  # its cached children become unreachable
+            block.key = block.parent = block.truth = None
+            block.position = -1
+            self._cached -= 1
+            out.append(block)
+        return orphaned
 
     # ------------------------------------------------------------------ request level
     def max_hit_blocks(self, prompt_tokens: int, num_full: int, mode: str = "vllm") -> int:
         """Most blocks a lookup may hit: all full blocks (``ideal``) or ``(prompt_len - 1) // block_size``."""
-        if mode == "ideal":
-            return num_full
-        if mode != "vllm":
-            raise ConfigError(f"counting mode must be one of {COUNTING_MODES}, got {mode!r}")
-        return min(num_full, max(prompt_tokens - 1, 0) // self.block_size)
+        return admission.max_hit_blocks(prompt_tokens, num_full, self.block_size, mode)
 
     def admit(
         self,
@@ -327,20 +313,17 @@ class PrefixCache:
         mode: str = "vllm",
         truths: Sequence | None = None,
     ) -> Admission | None:
-        """Look up, pin and allocate a whole prompt (keys = its full blocks' keys, in order).
-
-        Full new blocks get their keys at once (the prompt is computed); the partial last block stays
-        unkeyed. Returns None and changes nothing if the request does not fit.
-        """
-        num_total = -(-prompt_tokens // self.block_size)
-        hits, collisions = self.lookup(keys, self.max_hit_blocks(prompt_tokens, len(keys), mode), truths)
-        num_new = num_total - len(hits)
-        if not self.can_allocate(num_new, hits):
+        """The replay's admission of a whole prompt (``keys`` = its full blocks' keys, in order): the
+        admission sequence (:mod:`kvlab.cache.admission`) with every new full block keyed at once (the prompt
+        counts as computed); the partial last block stays unkeyed. Returns None and changes nothing if the
+        request does not fit."""
+        found = admission.lookup(self, keys, prompt_tokens, mode=mode, truths=truths)
+        d = len(found.hits)  # device hits; lower-tier hits are loaded into new device blocks
+        num_new = -(-prompt_tokens // self.block_size) - d
+        placed = admission.admit(self, found, keys, num_new, ctx)
+        if placed is None:
             return None
-        self.touch(hits, ctx)
-        orphans_before = self.stats.orphan_evictions
-        h = len(hits)
-        new, evicted = self.allocate(num_new, ctx, keys[h:])
-        self.cache_blocks(new[: len(keys) - h], keys, h, ctx, truths)
-        self.stats.collisions += collisions
-        return Admission(hits + new, h, num_new, evicted, collisions, self.stats.orphan_evictions - orphans_before)
+        admission.key(self, placed.blocks[: len(keys) - d], keys, d, ctx, truths)  # loaded and computed blocks
+        self.stats.collisions += found.collisions
+        return Admission(found.hits + placed.blocks, found.num_blocks, num_new, placed.evictions, found.collisions,
+                         placed.orphan_evictions)

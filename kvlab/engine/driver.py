@@ -3,25 +3,30 @@
 An :class:`Engine` is a :class:`~kvlab.engine.compute.PagedModel` (the model, its
 :class:`~kvlab.engine.kv_pool.KVPool` and the pool-compute primitive ``forward_tokens``) plus a
 :class:`~kvlab.cache.PrefixCache` (key index, ref counts, eviction policy: the same core as the replay and
-the simulator) whose block id ``b`` is pool block ``b``, and a :class:`~kvlab.hashing.BlockHasher`.
+the simulator) whose block id ``b`` is pool block ``b``, driven through the simulator's
+:class:`~kvlab.cache.manager.KVCacheManager` (``cache_at="compute"``: a block is keyed right after the
+forward pass that wrote it), and a :class:`~kvlab.hashing.BlockHasher`.
 
-Prefill with reuse (one request; docs/engine.md has the picture):
+Prefill with reuse (one request; docs/engine.md has the picture). Steps 2 and 5 are the admission sequence
+of :mod:`kvlab.cache.admission`, the same as the replay's and the simulator's:
 
 1. hash the prompt's full blocks (chained keys; adapter and salt as extra keys);
-2. ``lookup`` (stops at the first miss, at most ``(P - 1) // block_size`` blocks: the last prompt token is
-   always computed), ``can_allocate`` (otherwise the request is not admitted and nothing changes),
-   ``touch`` the hits, ``allocate`` ``ceil(P / block_size) - hits`` new blocks (evicting by the policy);
+2. ``get_computed_blocks`` (lookup: stops at the first miss, at most ``(P - 1) // block_size`` blocks, so
+   the last prompt token is always computed), then ``allocate_slots`` for the uncached suffix (fit, else
+   the request is not admitted and nothing changes; pin the hits; ``on_miss``; allocate
+   ``ceil(P / block_size) - hits`` new blocks, evicting by the policy);
 3. gather the hit blocks from the pool into a transformers ``DynamicCache`` (the request's *working
    cache*: attention kernels read contiguous K/V, so the pool is the store and this is a per-request copy);
 4. run the model on the uncached suffix only, at positions ``hit_tokens .. P - 1``;
-5. scatter the suffix's new K/V from the working cache into the new blocks, then ``cache_blocks`` gives
-   the full new blocks their keys (after they hold computed K/V);
+5. scatter the suffix's new K/V from the working cache into the new blocks, then ``cache_computed`` gives
+   the full new blocks their keys (only after they hold computed K/V: a failed forward keys nothing);
 6. ``decode`` appends one token per step: K/V into the next slot (a block is allocated when one fills),
-   and a block filled by output tokens is keyed too (``cache_outputs``, as vLLM does); ``release`` drops
-   the references tail first.
+   and a block filled by output tokens is keyed too (``cache_outputs``, as vLLM does: its key is appended
+   with ``extend_keys``); ``release`` frees the blocks tail first.
 
 Keys handed to the cache core are dense ids (first appearance order) of the hasher's keys, exactly like
-the replay's, so offline policies (``prepare``) and hit-for-hit comparisons work unchanged. Units: token
+the replay's, so offline policies (``prepare``) and hit-for-hit comparisons work unchanged. The access
+context's time is the request's arrival (the manager's ``now=None``), as in the replay. Units: token
 counts in tokens, block counts in blocks, times in seconds (``*_s``), sizes in bytes.
 
 Fault injection for the oracle's mutation tests lives apart (:class:`~kvlab.engine.faults.FaultyEngine`,
@@ -34,14 +39,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from kvlab.cache import AccessContext, KVBlock, PrefixCache
+from kvlab.cache import AccessContext, KVBlock, PrefixCache, admission
 from kvlab.cache.compiled import ideal_hits_kernel
+from kvlab.cache.manager import KVCacheManager, KVRequest
 from kvlab.engine.adapters import AdapterSet
 from kvlab.engine.compute import PagedModel, sync_device
 from kvlab.engine.model import kv_from_cache
@@ -52,6 +59,14 @@ from kvlab.errors import CapacityError, ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, truth_hasher
 from kvlab.metrics import summarize
 from kvlab.workload.workload import Workload
+
+
+@dataclass(eq=False)
+class _State(SequenceState):
+    """A :class:`SequenceState` and the request's KV state in the manager (``kv``): ``blocks``, ``keys`` and
+    ``ctx`` are ``kv``'s own (the same objects) while the request runs."""
+
+    kv: KVRequest | None = None
 
 
 class Engine(PagedModel):
@@ -86,6 +101,7 @@ class Engine(PagedModel):
         self.policy_name = policy if isinstance(policy, str) else type(policy).__name__
         self.policy_params = dict(policy_params or {})
         self.cache = PrefixCache(self.num_blocks, policy, block_size=self.block_size, policy_params=policy_params)
+        self.manager = KVCacheManager(self.cache, cache_at="compute", now=None)  # ctx.time: each request's arrival
         self.hasher = hasher if hasher is not None else BlockHasher(model_id=self.model_id)
         self._truth = truth_hasher(self.hasher)
         self._truth_is_key = self._truth.config() == self.hasher.config()
@@ -161,58 +177,66 @@ class Engine(PagedModel):
             self.adapters.check(request.adapter)
 
     # ------------------------------------------------------------------ admission
-    def _lookup(self, request: Request) -> tuple[list[KVBlock], int, list[int], list]:
-        """(hit blocks, blocks to allocate, keys, truths): no side effects."""
+    def _kv_request(self, request: Request) -> KVRequest:
+        """The request's KV state for the manager: its prompt's keys and truths (copies: decode appends to
+        them) and its access context (time: the arrival; ``seq``: the request's, else the engine's next)."""
         keys, truths = self.request_keys(request)
         p = len(request.tokens)
-        max_hit = self.cache.max_hit_blocks(p, len(keys), "vllm")
-        hits, _ = self.cache.lookup(keys, max_hit)
-        return hits, -(-p // self.block_size) - len(hits), keys, truths
+        ctx = AccessContext(time=request.arrival, seq=request.seq if request.seq >= 0 else self._seq,
+                            request_id=request.request_id, tenant=request.tenant, category=request.category,
+                            turn=request.turn, prompt_tokens=p)
+        return KVRequest(request.request_id, p, list(keys), truths=list(truths), ctx=ctx)
+
+    def _lookup(self, kv: KVRequest) -> list[KVBlock]:
+        """The request's hit blocks (admission steps 1-2; no side effects)."""
+        return self.manager.get_computed_blocks(kv)[0]
 
     def can_admit(self, request: Request) -> bool:
         """Whether ``prefill(request)`` would be admitted now (no side effects)."""
-        hits, num_new, _, _ = self._lookup(request)
-        return self.cache.can_allocate(num_new, hits)
+        kv = self._kv_request(request)
+        hits = self._lookup(kv)
+        num_new = self.manager.blocks_needed(kv.prompt_tokens) - len(hits)
+        return admission.fits(self.cache, admission.Lookup(hits), num_new)
 
     def blocks_needed(self, state: SequenceState, steps: int = 1) -> int:
         """New blocks ``steps`` more decode steps would allocate."""
         return max(0, -(-(state.num_computed + steps) // self.block_size) - len(state.blocks))
+
+    def _cache_computed(self, kv: KVRequest) -> None:
+        """Key ``kv``'s blocks that are full of computed tokens (right after the forward pass wrote them)."""
+        k0 = kv.num_keyed_blocks
+        if self.manager.cache_computed(kv):
+            self._cached(kv.keys, kv.blocks[k0:kv.num_keyed_blocks], k0)
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, request: Request) -> PrefillResult:
         """Prefill one prompt with prefix reuse (module docstring, steps 1-5). Not admitted (too few free
         blocks) -> ``admitted=False`` and nothing changed. Decode with :meth:`decode`, then :meth:`release`."""
         self._check(request)
-        dev, bs, cache = self.device, self.block_size, self.cache
+        dev, bs, manager = self.device, self.block_size, self.manager
         sync_device(dev)
         t0 = time.perf_counter()
         p = len(request.tokens)
         self.request_keys(request)
         hash_s = time.perf_counter() - t0
-        hits, num_new, keys, truths = self._lookup(request)
-        full = len(keys)
-        if not cache.can_allocate(num_new, hits):
+        kv = self._kv_request(request)
+        hits = self._lookup(kv)
+        h, full = len(hits), len(kv.keys)
+        start = h * bs
+        if not manager.allocate_slots(kv, p - start, hits):
             return PrefillResult(False, p, full, lookup_s=time.perf_counter() - t0,
                                  prefill_s=time.perf_counter() - t0, hash_s=hash_s)
-        seq = request.seq if request.seq >= 0 else self._seq
-        self._seq = seq + 1
-        ctx = AccessContext(time=request.arrival, seq=seq, request_id=request.request_id, tenant=request.tenant,
-                            category=request.category, turn=request.turn, prompt_tokens=p)
-        false_hits = sum(1 for i, b in enumerate(hits) if b.truth != truths[i])
-        cache.touch(hits, ctx)
-        orphans_before = cache.stats.orphan_evictions
-        h = len(hits)
-        new, evicted = cache.allocate(num_new, ctx, keys[h:])
-        blocks = hits + new
-        start = h * bs
+        self._seq = kv.ctx.seq + 1
+        false_hits = sum(1 for i, b in enumerate(hits) if b.truth != kv.truths[i])
+        new = kv.blocks[h:]
         t1 = time.perf_counter()
         times: dict[str, float] = {}
         try:
-            logits, working = self._compute_prefill(request, blocks, new[len(new) - evicted:], start, times)
-            cache.cache_blocks(new[: full - h], keys, h, ctx, truths)
-            self._cached(keys, new[: full - h], h)
+            logits, working = self._compute_prefill(request, kv.blocks, new[len(new) - kv.evictions:], start, times)
+            kv.num_computed_tokens = p  # positions start .. p - 1 are in the pool now
+            self._cache_computed(kv)
         except BaseException:
-            cache.release(blocks, ctx)
+            manager.free(kv)  # keys only blocks of computed tokens: none of a failed forward's
             raise
         if request.forced_outputs is not None and len(request.forced_outputs):
             first = int(request.forced_outputs[0])
@@ -222,14 +246,14 @@ class Engine(PagedModel):
         t4 = time.perf_counter()
         t2 = t1 + times["gather_s"]
         t3 = t2 + times["forward_s"]
-        state = SequenceState(
-            request=request, tokens=request.tokens.tolist(), blocks=blocks, keys=list(keys), cache=working,
-            logits=logits, emitted=[first], ctx=ctx, hit_blocks=h,
+        state = _State(
+            request=request, tokens=request.tokens.tolist(), blocks=kv.blocks, keys=kv.keys, cache=working,
+            logits=logits, emitted=[first], ctx=kv.ctx, hit_blocks=h, kv=kv,
         )
         return PrefillResult(
             admitted=True, prompt_tokens=p, full_blocks=full, hit_blocks=h, hit_tokens=min(start, p),
-            computed_tokens=p - start, new_blocks=num_new, evictions=evicted,
-            orphan_evictions=cache.stats.orphan_evictions - orphans_before, false_hit_blocks=false_hits,
+            computed_tokens=p - start, new_blocks=kv.new_blocks, evictions=kv.evictions,
+            orphan_evictions=kv.orphan_evictions, false_hit_blocks=false_hits,
             first_token=first, logits=logits, lookup_s=t1 - t0, gather_s=t2 - t1, forward_s=t3 - t2,
             scatter_s=t4 - t3, prefill_s=t4 - t0, state=state, hash_s=hash_s,
         )
@@ -249,28 +273,29 @@ class Engine(PagedModel):
         """``blocks`` now hold keys ``keys[start:start + len(blocks)]``."""
 
     # ------------------------------------------------------------------ decode
-    def _decode_one(self, state: SequenceState) -> None:
+    def _decode_one(self, state: _State) -> None:
         if state.released:
             raise CapacityError(f"request {state.request.request_id} was released; it cannot decode")
-        bs = self.block_size
+        bs, kv = self.block_size, state.kv
         tok = state.emitted[-1]
         pos = state.num_computed
-        j = pos // bs
-        if j == len(state.blocks):
-            new, evicted = self.cache.allocate(1, state.ctx)  # CapacityError (nothing changed) when full
-            state.blocks.extend(new)
-            state.decode_blocks += 1
-            state.decode_evictions += evicted
+        new_blocks, evictions = kv.new_blocks, kv.evictions
+        if not self.manager.allocate_slots(kv, 1):  # a slot for position pos (nothing changed when full)
+            raise CapacityError(f"request {state.request.request_id}: no free block for position {pos}")
+        kv.num_tokens = pos + 1
+        state.decode_blocks += kv.new_blocks - new_blocks
+        state.decode_evictions += kv.evictions - evictions
         logits, _ = self.forward_tokens(np.array([tok], dtype=np.int64), [b.block_id for b in state.blocks], pos,
                                         working=state.cache, adapter=state.request.adapter)
         state.tokens.append(tok)
+        kv.num_computed_tokens = pos + 1
         state.logits = logits
         req = state.request
         if self.cache_outputs and req.key_values is None and (pos + 1) % bs == 0:
             keys, truths = self._hash(np.asarray(state.tokens, dtype=np.int64), None, req)
-            state.keys = keys
-            self.cache.cache_blocks([state.blocks[j]], keys, j, state.ctx, truths)
-            self._cached(keys, [state.blocks[j]], j)
+            n = len(kv.keys)
+            self.manager.extend_keys(kv, keys[n:], truths[n:])
+            self._cache_computed(kv)
         forced = req.forced_outputs
         k = len(state.emitted)
         state.emitted.append(int(forced[k]) if forced is not None and k < len(forced) else int(logits.argmax()))
@@ -299,7 +324,7 @@ class Engine(PagedModel):
         """Drop the request's references (tail first) and its working cache. Once per state."""
         if state.released:
             raise CapacityError(f"request {state.request.request_id} released twice")
-        self.cache.release(state.blocks, state.ctx)
+        self.manager.free(state.kv)
         state.cache = None
         state.released = True
 

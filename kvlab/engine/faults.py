@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from kvlab.cache import KVBlock
+from kvlab.cache.manager import KVRequest
 from kvlab.engine.driver import Engine
 from kvlab.engine.request import Request
 from kvlab.errors import ConfigError
@@ -79,14 +80,11 @@ class FaultyEngine(Engine):
         if self.faults.get("reuse_evicted"):
             self._memo.update(zip(keys[start:start + len(blocks)], blocks, strict=True))
 
-    def _lookup(self, request: Request) -> tuple[list[KVBlock], int, list[int], list]:
-        hits, num_new, keys, truths = super()._lookup(request)
+    def _lookup(self, kv: KVRequest) -> list[KVBlock]:
+        hits = super()._lookup(kv)
         if self.faults.get("reuse_evicted"):
-            max_hit = self.cache.max_hit_blocks(len(request.tokens), len(keys), "vllm")
-            stale = self._stale_hits(hits, keys, max_hit)
-            num_new -= len(stale) - len(hits)
-            hits = stale
-        return hits, num_new, keys, truths
+            hits = self._stale_hits(hits, kv.keys, self.cache.max_hit_blocks(kv.num_tokens, len(kv.keys), "vllm"))
+        return hits
 
     def _stale_hits(self, hits: list[KVBlock], keys: list[int], max_hit: int) -> list[KVBlock]:
         """Extend ``hits`` through the memo without checking that a block still holds its key."""
