@@ -144,6 +144,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flagged(flag: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its ConfigError prefixed with the flag whose value it checks."""
+    try:
+        return fn(*args, **kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
 def _check_new_file(path: Path) -> None:
     """``calibrate --out``: the profile and its two companions may be written (before any measurement).
 
@@ -253,9 +261,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from kvlab.schema import validate_fields
 
         validate_fields("simulate", engine_threads=(Annotated[int, Field(ge=1, le=1024)], args.engine_threads))
+        from kvlab.engine.model import shape_config
+
+        _flagged("--engine-model", shape_config, args.engine_model)
     else:
-        load_model(config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)  # unknown names fail here, early
-        load_hardware(config.hardware)
+        _flagged("--model", load_model, config.model)  # unknown names fail here, early, naming the flag
+        _flagged("--dtype", load_model, config.model, dtype=config.dtype)
+        _flagged("--kv-dtype", load_model, config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)
+        _flagged("--hardware", load_hardware, config.hardware)
     if args.out:
         check_output_location(args.out, kind="run")
     workload = _load(args)
@@ -293,6 +306,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
     if (args.max_new_tokens is None) != (args.max_context is None):
         raise ConfigError("calibrate: give --max-new-tokens and --max-context together")
+    from kvlab.engine.model import shape_config
+    from kvlab.sim.profiles import load_hardware
+
+    _flagged("--engine-model", shape_config, args.engine_model)
+    if args.base_hardware is not None:
+        _flagged("--base-hardware", load_hardware, args.base_hardware)
     if args.out:
         _check_new_file(args.out)
     try:
