@@ -79,7 +79,7 @@ def _replay_configs(args: argparse.Namespace):
         block_size=args.block_size,
         hash=args.hash,
         root_seed=args.root_seed,
-        engine=args.engine,
+        backend=args.backend,
         verify=args.verify,
         seed=args.seed,
     )
@@ -382,7 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                         help="policy constructor argument (repeatable; JSON values)")
         sp.add_argument("--mode", nargs="+", default=["vllm"], choices=["vllm", "ideal"], help="hit counting mode")
-        sp.add_argument("--engine", default="auto", choices=["auto", "compiled", "python"])
+        sp.add_argument("--backend", "--engine", dest="backend", default="auto", choices=["auto", "compiled", "python"],
+                        help="replay backend: the numba kernel (compiled), the Python core, or auto (compiled when "
+                             "the policy has a compiled form); --engine is the old name")
         sp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
         sp.add_argument("--root-seed", type=int, default=0)
         sp.add_argument("--seed", type=int, default=0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvlab.names import Summary
+
 
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else 0.0
@@ -19,7 +21,7 @@ def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capaci
     """Totals of one run (or one group of requests)."""
     prompt = requests["prompt_tokens"].to_numpy()
     hit = requests["hit_tokens"].to_numpy()
-    out: dict[str, float | int | None] = {
+    out: dict[str, float | int | None] = Summary({
         "requests": len(requests),
         "prompt_tokens": int(prompt.sum()),
         "reused_tokens": int(hit.sum()),
@@ -28,7 +30,7 @@ def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capaci
         "request_hit_rate": float((requests["hit_blocks"].to_numpy() > 0).mean()) if len(requests) else 0.0,
         "mean_request_hit_rate": float(np.mean(hit[prompt > 0] / prompt[prompt > 0])) if (prompt > 0).any() else 0.0,
         "evictions": int(requests["evictions"].sum()),
-    }
+    })
     out["eviction_rate_per_request"] = _ratio(out["evictions"], len(requests))
     if duration_s is not None:
         out["eviction_rate_per_s"] = _ratio(out["evictions"], duration_s)

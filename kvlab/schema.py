@@ -200,3 +200,11 @@ def check_policy_params(value: dict, info: Any) -> dict:
         resolved_policy_params(policy, value)
         make_policy(policy, **value)
     return value
+
+
+def renamed_fields(data: Any) -> Any:
+    """Model validator (before): old field names (kvlab.names.ALIASES, e.g. ``engine`` -> ``backend``)
+    accepted under their new names."""
+    from kvlab.names import canonical_keys
+
+    return canonical_keys(data) if isinstance(data, dict) else data

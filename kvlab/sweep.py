@@ -30,6 +30,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.errors import ResultsError
+from kvlab.names import canonical_keys
 from kvlab.replay import ReplayConfig, ReplayResult, encode, replay, resolve_config
 from kvlab.results import (
     atomic_write_file,
@@ -110,7 +111,7 @@ def table_row(manifest: dict, summary: dict) -> dict:
         "trace_sha256": identity["trace"]["content_sha256"],
         "run_id": manifest["run_id"],
         "policy_params": json.dumps(params, sort_keys=True),
-        **summary,
+        **canonical_keys(summary),  # runs written before a rename read under today's names (kvlab.names)
     }
 
 

@@ -30,7 +30,7 @@ BAD_FLOATS = [math.nan, math.inf, -math.inf]
         ("block_size", -16, "--block-size", "[1, 65536]"),
         ("mode", "exact", "--mode", "'vllm' or 'ideal'"),
         ("hash", "md5", "--hash", "sha256"),
-        ("engine", "gpu", "--engine", "'auto'"),
+        ("backend", "gpu", "--backend", "'auto'"),
         ("root_seed", -1, "--root-seed", "[0, "),
         ("seed", 2**64, "--seed", "[0, "),
         ("policy", "lruu", "--policy", "available: "),
@@ -166,3 +166,20 @@ def test_cli_huge_capacity_runs_and_records_it(capsys, tmp_path, trace):
     import json
 
     assert json.loads((out / "summary.json").read_text())["capacity_blocks"] == 10**12
+
+
+def test_old_names_read_under_new_ones(tmp_path):
+    """kvlab.names: ReplayConfig(engine=...) is backend; an engine summary's p50_ttft_s is ttft_p50_s;
+    results written under old names read back under new ones."""
+    import json
+
+    from kvlab.names import canonical_keys
+
+    assert ReplayConfig(capacity_blocks=5, engine="python").backend == "python"
+    w = synthetic_chat(20, seed=0)
+    result = replay(w, capacity_blocks=100, engine="python")
+    assert result.summary["backend"] == "python" and result.summary["engine"] == "python"
+    assert canonical_keys({"p50_ttft_s": 1.0, "bytes_per_block": 2}) == {"ttft_p50_s": 1.0, "kv_bytes_per_block": 2}
+    out = result.save(tmp_path / "run")
+    summary = json.loads((out / "summary.json").read_text())
+    assert "backend" in summary and "engine" not in summary

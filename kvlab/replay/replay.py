@@ -1,12 +1,13 @@
 """The replay driver: sequential, cache-only, no timing (DESIGN.md "The replay is sequential").
 
 Each request, in trace order, is looked up, admitted (hits pinned, new blocks allocated and keyed) and
-released before the next one, with its prompt only. Two engines give identical results:
+released before the next one, with its prompt only. Two backends give identical results:
 
 * ``compiled``: the numba kernel (``kvlab.cache.compiled``) with the policy's compiled hooks;
 * ``python``: the shared :class:`~kvlab.cache.PrefixCache` with any registered policy (plugins too).
 
-``engine="auto"`` picks ``compiled`` when the policy has compiled hooks.
+``backend="auto"`` picks ``compiled`` when the policy has compiled hooks. (The old field name
+``engine`` is still accepted: "engine" now means the real transformers engine only.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
 from kvlab.cache import AccessContext, PrefixCache, pool_blocks
@@ -26,6 +27,7 @@ from kvlab.cache.compiled import ideal_hits_kernel, run_compiled, warm_up
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
+from kvlab.names import canonical_keys
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
@@ -38,11 +40,12 @@ from kvlab.schema import (
     Seed,
     check_policy_name,
     check_policy_params,
+    renamed_fields,
 )
 from kvlab.workload.workload import Workload
 
-ENGINES = ("auto", "compiled", "python")
-Engine = Literal["auto", "compiled", "python"]
+BACKENDS = ("auto", "compiled", "python")
+Backend = Literal["auto", "compiled", "python"]
 
 
 class ReplayConfig(Schema):
@@ -60,17 +63,18 @@ class ReplayConfig(Schema):
     root_seed: Seed = 0
     model_id: str = "kvlab"
     mode: CountingMode = "vllm"  # "vllm" (last prompt token recomputed) or "ideal"
-    engine: Engine = "auto"
+    backend: Backend = "auto"
     verify: bool = False  # verify-tokens-on-hit: count (and refuse) key collisions
     seed: Seed = 0
 
+    _old_names = model_validator(mode="before")(renamed_fields)
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
 
     def validate(self) -> None:
         """Checks that need the policy instance (construction already checked everything else)."""
-        if self.engine == "compiled" and make_policy(self.policy, **self.policy_params).compiled is None:
-            raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use engine='python' (--engine python)")
+        if self.backend == "compiled" and make_policy(self.policy, **self.policy_params).compiled is None:
+            raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use backend='python' (--backend python)")
 
 
 @dataclass
@@ -125,6 +129,7 @@ def replay(
 
     Pass ``encoded`` (from :func:`encode` with the same hash settings) to skip hashing in sweeps.
     """
+    overrides = canonical_keys(overrides)  # old field names (kvlab.names) override under their new ones
     if config is None:
         config = ReplayConfig(**overrides)  # type: ignore[arg-type]
     elif overrides:
@@ -134,7 +139,7 @@ def replay(
     if encoded is None:
         encoded = encode(workload, config, progress=progress)
     policy = make_policy(config.policy, **config.policy_params)
-    use_compiled = policy.compiled is not None and config.engine != "python"
+    use_compiled = policy.compiled is not None and config.backend != "python"
     # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
     pool = pool_blocks(config.capacity_blocks, int(encoded.num_blocks.sum()) + 1)
     compile_s = 0.0
@@ -160,7 +165,7 @@ def replay(
         policy=config.policy,
         mode=config.mode,
         hash=encoded.hash_label,
-        engine="compiled" if use_compiled else "python",
+        backend="compiled" if use_compiled else "python",
         block_lookups=int(len(encoded.key_ids)),
         replay_seconds=replay_s,
         compile_seconds=compile_s,

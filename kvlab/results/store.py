@@ -33,6 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvlab.errors import ResultsError, ResultsLocationError
+from kvlab.names import canonical_columns, canonical_keys
 from kvlab.results.faults import checkpoint
 from kvlab.results.identity import SEMANTICS_VERSION, run_id, run_identity
 from kvlab.results.jsonio import dumps, json_default  # noqa: F401  (dumps re-exported)
@@ -349,9 +350,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def read_table(file: Path) -> pd.DataFrame:
-    """A parquet table; ResultsError naming the file when missing or unreadable (truncated, corrupt)."""
+    """A parquet table under today's column names (kvlab.names); ResultsError naming the file when
+    missing or unreadable (truncated, corrupt)."""
     try:
-        return pd.read_parquet(file)
+        return canonical_columns(pd.read_parquet(file))
     except FileNotFoundError:
         raise ResultsError(f"{file}: missing") from None
     except Exception as exc:  # pyarrow raises several types for damaged files
@@ -442,7 +444,8 @@ def _read_snapshot(path: Path) -> RunResult:
         raise ResultsError(f"{path / SUMMARY}: not valid JSON, truncated or corrupt ({_one_line(exc)})") from None
     if not isinstance(summary, dict):
         raise ResultsError(f"{path / SUMMARY}: expected a JSON object")
-    return RunResult(path=path, tables=tables, summary=summary, manifest=manifest)
+    tables = {name: canonical_columns(frame) for name, frame in tables.items()}
+    return RunResult(path=path, tables=tables, summary=canonical_keys(summary), manifest=manifest)
 
 
 def read_results(path: str | Path) -> RunResult:
