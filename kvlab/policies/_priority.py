@@ -1,42 +1,29 @@
-"""Priority policies written once: per-block update functions and one ``priority``, in a form numba compiles;
-this module runs them on both engines. Not a policy (the package skips ``_`` modules).
+"""Priority policies written once (docs/policies.md, "Writing a priority policy"): a policy is a priority,
+the framework owns the mechanics (SGLang's ``mem_cache/evict_policy.py`` is the model). Not a policy (the
+package skips ``_`` modules).
 
-A priority policy is a :class:`PriorityPolicy` subclass with a :class:`Priority` spec (SGLang's
-``mem_cache/evict_policy.py`` is the model: a policy is a priority, the cache owns the mechanics):
+A priority policy is a :class:`PriorityPolicy` (or :class:`LeafPriorityPolicy`) subclass whose ``spec`` (a
+:class:`Priority`) names ``numba.njit`` functions: ``on_insert(s, b, key, pos, r)`` and ``on_hit(s, b, key,
+pos, r)`` update the state ``s`` (a :class:`State`), ``priority(s, b, r)`` orders block ``b`` when it becomes
+evictable: the lowest ``(priority, unpin stamp)`` is evicted. The framework supplies, for both engines, the
+stamped heap of the evictable blocks, leaf-only eviction, aging, expiries and per-key re-queueing.
 
-* ``on_insert(s, b, key, pos, r)`` / ``on_hit(s, b, key, pos, r)``: update the state of block ``b``
-  (its ``key``, its position ``pos`` in the request) at a new block's insertion / at a hit;
-* ``priority(s, b, r) -> int | float``: called when ``b`` becomes evictable (unpinned); the lowest
-  ``(priority, unpin stamp)`` is evicted, so equal priorities leave least recently unpinned first.
+* Python core: the functions run as plain Python (:func:`pythonize`: numba's ``py_func``, helpers
+  included) on lists, ``r`` the :class:`~kvlab.cache.AccessContext` (a :class:`Req` when the policy has a
+  request code); the heap is :class:`~kvlab.policies._heap.HeapPolicy` / ``LeafHeapPolicy``.
+* Compiled twin (:func:`compiled_twin`): the templates below specialised to the policy (its functions and
+  constants bound as their globals, cached on disk by numba), on numpy arrays over block ids and dense key
+  ids; ``r`` is a :class:`Req` read from what ``compiled_params()`` returns (``Priority.layout``);
+  indexed heaps and lists from ``kvlab.policies._queues`` and ``kvlab.policies._leaf``.
 
-All three are ``numba.njit`` functions over ``s``, a :class:`State`: ``s.blk[b][F]`` the int field ``F`` of
-block ``b``, ``s.blkf[b][F]`` the same record's float fields, ``s.key[key][F]`` / ``s.keyf[key][F]`` per-key
-fields (kept across evictions), ``s.glob[i]`` / ``s.globi[i]`` global float / int slots, ``s.par`` the
-instance's numeric parameters (:meth:`PriorityPolicy.params`). ``r`` is the request: ``r.time``, ``r.seq``,
-``r.request_id``, ``r.prompt_tokens``. The framework supplies, for both engines:
-
-* the stamped heap of the evictable blocks (Python: :class:`~kvlab.policies._heap.HeapPolicy`; compiled:
-  an indexed heap keyed by (priority as an int64 ordered like it, unpin stamp));
-* leaf-only eviction (subclass :class:`LeafPriorityPolicy`: :class:`~kvlab.policies._heap.LeafHeapPolicy`,
-  numba twin in ``kvlab.policies._leaf``);
-* aging (``Priority(aging=i)``): after an eviction, ``glob[i] = max(glob[i], the victim's priority)``
-  (GDSF's clock ``L``; an int slot for int priorities). ``on_remove`` (reset) does not age.
-
-Python core: the same functions run as plain Python (``.py_func``) on lists (``s.blk[b]`` a list; ``blkf is
-blk``; ``s.key`` a dict of lists created on first use) with ``r`` the :class:`~kvlab.cache.AccessContext`, so
-the floats are bit-identical when the operations are (a Python float is an IEEE double). Compiled: the
-functions are called from hooks specialised per policy (:func:`compiled_twin`), on numpy arrays over
-block ids and dense key ids; ``r`` is a :class:`Req` read from the prepared workload (``request_id`` is
--1: requests are told apart by ``seq``). What ``compiled_params()`` returns is named by ``Priority.layout``:
-``"par"`` (``params()`` as float64), ``"arrival"``, ``"prompt_tokens"``, ``"offsets"``, ``"key_ids"`` (of
-the prepared workload; leaf-only policies need the last two), or a name only the policy reads.
+The same operations give the same numbers in both (a Python float is an IEEE double); the exactness tests
+check each policy's engines request for request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-import types
 from collections import defaultdict
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -48,6 +35,7 @@ import numba as nb
 import numpy as np
 from numba.core import types as nbtypes
 from numba.core.dispatcher import Dispatcher
+from numba.experimental import structref
 from numba.extending import overload
 
 from kvlab.cache.block import KVBlock
@@ -69,7 +57,11 @@ from kvlab.policies._queues import (
 
 
 class State(NamedTuple):
-    """What a priority policy's functions read and write (see the module docstring)."""
+    """What a priority policy's functions read and write: ``blk[b][F]`` / ``blkf[b][F]`` int / float field ``F``
+    of block ``b``, ``key[k][F]`` / ``keyf[k][F]`` per-key fields (kept after evictions), ``glob[i]`` /
+    ``globi[i]`` float / int global slots, ``par`` the instance's ``params()``, ``data`` its data
+    (``Priority(data=...)``). Python: lists (``blkf is blk``; ``key`` a dict of lists made on first use) and
+    ``f_policy``, the policy object (for ``requeue_key``); compiled: a :class:`CState`."""
 
     blk: Any
     blkf: Any
@@ -78,8 +70,36 @@ class State(NamedTuple):
     glob: Any
     globi: Any
     par: Any
-    data: Any = ()  # the policy's data (``Priority(data=...)``): arrays compiled, lists in Python
-    fw: Any = None  # the framework's (for ``requeue_key``): its arrays compiled, the policy object in Python
+    data: Any = ()
+    f_policy: Any = None
+
+
+@structref.register
+class CStateType(nbtypes.StructRef):
+    def preprocess_fields(self, fields: tuple) -> tuple:
+        return tuple((name, nbtypes.unliteral(t)) for name, t in fields)
+
+
+class CState(structref.StructRefProxy):
+    """The compiled twin's whole state: the :class:`State` fields as arrays (``blkf`` a float64 view of
+    ``blk``, ``globi`` an int64 view of ``glob``) and the framework's (``f_*``, below). One reference-counted
+    object (a StructRef): a hook that takes an array from it, or hands it to the policy's functions, counts
+    one reference, not one per array it holds (a tuple of arrays costs one atomic count per array)."""
+
+    def __getattr__(self, name: str) -> object:  # (Python access to a field, for tests and debugging)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _cstate_field(self, name)
+
+
+@nb.njit
+def _cstate_field(s, name):
+    return getattr(s, nb.literally(name))
+
+
+_FRAMEWORK = ("f_bt", "f_bft", "f_b", "f_k", "f_m", "f_rows", "f_arrival", "f_prompt", "f_offsets", "f_key_ids",
+              "f_code")
+structref.define_proxy(CState, CStateType, [*State._fields[:-1], *_FRAMEWORK])
 
 
 class Req(NamedTuple):
@@ -93,24 +113,24 @@ class Req(NamedTuple):
     code: float = 0.0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _nothing(s, b, key, pos, r):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _never(s, b, r):
     return np.inf
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _zero(s, b):
     return 0
 
 
 @dataclass(frozen=True)
 class Priority:
-    """A priority policy's functions and state (see the module docstring). ``block`` / ``key`` / ``glob``:
+    """A priority policy's functions and state. ``block`` / ``key`` / ``glob``:
     initial values of the per-block fields, per-key fields and global slots (their number is the tuple's
     length; a float value makes a float field).
 
@@ -141,13 +161,13 @@ class Priority:
     data: tuple[str, ...] = ()
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _no_refresh(s):
     pass
 
 
 def _requeue_key_py(s: State, key: object, priority: object) -> None:
-    s.fw._requeue_key(key, priority)
+    s.f_policy._requeue_key(key, priority)
 
 
 def pythonize(fn: object, done: dict | None = None) -> FunctionType:
@@ -165,6 +185,22 @@ def pythonize(fn: object, done: dict | None = None) -> FunctionType:
     for name in py.__code__.co_names:
         if isinstance(glb.get(name), Dispatcher):
             glb[name] = pythonize(glb[name], done)
+    return out
+
+
+def inlined(fn: object, done: dict | None = None) -> object:
+    """A copy of a numba dispatcher that numba inlines into its caller, as are the dispatchers it calls
+    (helpers): the compiled twin's hooks then contain the policy's whole code (no call passing the state)."""
+    done = {} if done is None else done
+    if fn in done:
+        return done[fn]
+    py = fn.py_func  # type: ignore[attr-defined]
+    glb = dict(py.__globals__)
+    out = done[fn] = nb.njit(inline="always")(FunctionType(py.__code__, glb, py.__name__, py.__defaults__,
+                                                           py.__closure__))
+    for name in py.__code__.co_names:
+        if isinstance(glb.get(name), Dispatcher):
+            glb[name] = inlined(glb[name], done)
     return out
 
 
@@ -201,7 +237,7 @@ class PriorityPolicy(HeapPolicy):
             cls.on_pin = cls._pin_by_key  # type: ignore[method-assign]
         if spec.expiry is not None or spec.refresh is not None:
             cls.victim = cls._victim_general  # type: ignore[method-assign]
-        if layout - {"par"} and "prepare" not in cls.__dict__:
+        if layout - {"par"} and cls.prepare is HeapPolicy.prepare:  # (a policy's own prepare stays)
             cls.prepare = PriorityPolicy._keep  # type: ignore[method-assign]
         cls.compiled = compiled_twin(cls, spec, leaf=leaf)
 
@@ -259,7 +295,8 @@ class PriorityPolicy(HeapPolicy):
         init = spec.key
         keys: dict = defaultdict(lambda: list(init))
         glob = list(spec.glob)
-        self.state = State(blk, blk, keys, keys, glob, glob, [float(x) for x in self.params()], self.data(), self)
+        par = [float(x) for x in self.params()]
+        self.state = State(blk, blk, keys, keys, glob, glob, par, self.data(), f_policy=self)
         self._f_insert, self._f_hit, self._f_priority, self._f_expiry, self._f_expire, self._f_refresh = self._py
         self._pk = [0] * n if spec.aging is not None else None
         self._by_key: dict | None = {} if spec.by_key else None  # key -> its evictable block(s), unpin order
@@ -381,62 +418,69 @@ class LeafPriorityPolicy(PriorityPolicy, LeafHeapPolicy):
 
 
 # ---------------------------------------------------------------------- compiled twin
-# state: (Bt, Bft, B, K, M, s, arrival, prompt_tokens, offsets, key_ids, code). Bt (int64, capacity x (NF +
-# NB + 1); Bft its float64 view): one record per block, the framework's NF fields first (the heap rows of
-# kvlab/policies/_leaf.py; with expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP), then
-# the policy's NB (s.blk is the view Bt[:, NF:NF + NB]), then PRI = NF + NB, the priority at unpin. B =
-# Bt.T, the framework's row view. K = Kt.T: per dense key, the leaf machinery's CHILD and GHEAD then the
-# policy's key fields. M = [heap size, parked heap size, stamp clock, expiry heap size].
+# The compiled state is one CState: the policy's views and the framework's f_* arrays. f_bt (int64, capacity
+# x (NF + NB + 1); f_bft its float64 view): one record per block, the framework's NF fields first (the heap
+# rows of kvlab/policies/_leaf.py; with expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP;
+# with key lists, BK, KNXT, KPRV), then the policy's NB (blk is the view f_bt[:, NF:NF + NB]), then PRI =
+# NF + NB, the priority at unpin. f_b = f_bt.T, the framework's row view. f_k: per dense key (transposed),
+# the framework's fields (leaf-only: CHILD, GHEAD; key lists: KHEAD, KTAIL) then the policy's. f_m = [heap
+# size, parked heap size, stamp clock, expiry heap size]. f_arrival, f_prompt, f_offsets, f_key_ids, f_code:
+# per request, the layout's parts (empty when absent).
 CHILD, GHEAD = 0, 1  # per-key framework fields (leaf-only)
 _NF = {False: 4, True: _leaf.LEAF_ROWS}  # framework fields per block before the policy's (heap; leaf-only)
 NE = 3  # M slot: expiry heap size
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _get0(params):
     return params[0]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _get1(params):
     return params[1]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _get2(params):
     return params[2]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _get3(params):
     return params[3]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _whole(params):
     return params
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _no_floats(params):
     return np.zeros(0, np.float64)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _no_ints(params):
     return np.zeros(0, np.int64)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _key_float(Bt, Bft, b, pri, pr):
     Bft[b, pri] = pr
     return float_key(Bt[b, pri])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _key_int(Bt, Bft, b, pri, pr):
     Bt[b, pri] = pr
     return Bt[b, pri]
+
+
+@nb.njit(cache=True, inline="always")
+def _key_int_unkept(Bt, Bft, b, pri, pr):  # (no aging: the priority need not be kept)
+    return np.int64(pr)
 
 
 def _keyof(Bt, Bft, b, pri, p):
@@ -450,12 +494,12 @@ def _keyof_impl(Bt, Bft, b, pri, p):
     return lambda Bt, Bft, b, pri, p: _key_int(Bt, Bft, b, pri, p)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def requeue_key(s, key, priority):
     """Give every evictable block of ``key`` the new ``priority`` (in their unpin order, each as if unpinned
     now: a new stamp). For a policy's functions, with ``Priority(by_key=True)``; in the Python core it is
     :meth:`PriorityPolicy._requeue_key`."""
-    Bt, Bft, B, K, M, rows = s.fw
+    Bt, Bft, B, K, M, rows = s.f_bt, s.f_bft, s.f_b, s.f_k, s.f_m, s.f_rows
     nxt, head, pri = rows[0], rows[1], rows[2]
     b = K[head, key]
     while b >= 0:
@@ -466,76 +510,76 @@ def requeue_key(s, key, priority):
         b = B[nxt, b]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _age_none(state, b, pri, slot):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _age_float(state, b, pri, slot):
-    v = state[1][b, pri]
-    g = state[5].glob
+    v = state.f_bft[b, pri]
+    g = state.glob
     if v > g[slot]:
         g[slot] = v
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _age_int(state, b, pri, slot):
-    v = state[0][b, pri]
-    g = state[5].globi
+    v = state.f_bt[b, pri]
+    g = state.globi
     if v > g[slot]:
         g[slot] = v
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _link_none(state, b, key, seq, pos):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _link_leaf(state, b, key, seq, pos):
-    parent = state[9][state[8][seq] + pos - 1] if pos > 0 else -1
-    _leaf.leaf_insert(state[2], state[3], b, key, parent, CHILD)
+    parent = state.f_key_ids[state.f_offsets[seq] + pos - 1] if pos > 0 else -1
+    _leaf.leaf_insert(state.f_b, state.f_k, b, key, parent, CHILD)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _push_heap(state, b, k):
-    heap_push_stamped(state[2], state[4], H, P, KEY, STAMP, N, SCLOCK, b, k)
+    heap_push_stamped(state.f_b, state.f_m, H, P, KEY, STAMP, N, SCLOCK, b, k)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _push_leaf(state, b, k):
-    _leaf.leaf_push(state[2], state[4], b, k)
+    _leaf.leaf_push(state.f_b, state.f_m, b, k)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _pin_heap(state, b, seq):
-    heap_remove(state[2], state[4], H, P, KEY, STAMP, N, b)
+    heap_remove(state.f_b, state.f_m, H, P, KEY, STAMP, N, b)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _pin_leaf(state, b, seq):
-    _leaf.leaf_drop(state[2], state[3], state[4], b, GHEAD)
+    _leaf.leaf_drop(state.f_b, state.f_k, state.f_m, b, GHEAD)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _victim_heap(state):
-    return state[2][H, 0]
+    return state.f_b[H, 0]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _victim_leaf(state):
-    return _leaf.leaf_victim(state[2], state[3], state[4], CHILD, GHEAD)
+    return _leaf.leaf_victim(state.f_b, state.f_k, state.f_m, CHILD, GHEAD)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _evict_heap(state, b):
-    heap_remove(state[2], state[4], H, P, KEY, STAMP, N, b)
+    heap_remove(state.f_b, state.f_m, H, P, KEY, STAMP, N, b)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _evict_leaf(state, b):
-    _leaf.leaf_evict(state[2], state[3], state[4], b, CHILD, GHEAD)
+    _leaf.leaf_evict(state.f_b, state.f_k, state.f_m, b, CHILD, GHEAD)
 
 
 # Templates: specialised per policy by :func:`compiled_twin`, their capitalised globals bound to the
@@ -548,7 +592,7 @@ PIN = VICTIM = EXPIRY = EXPIRE = REFRESH = DATA = D0 = D1 = D2 = _nothing
 
 
 def t_init(capacity, num_keys, params):
-    Bt = np.zeros((capacity, NF + NB + 1), np.int64)
+    Bt = np.zeros((NF + NB + 1, capacity), np.int64).T
     for j in range(NF):
         Bt[:, j] = FWINIT[j]
     for j in range(NB):
@@ -562,63 +606,74 @@ def t_init(capacity, num_keys, params):
     Bft = Bt.view(np.float64)
     Kft = Kt.view(np.float64)
     M = np.zeros(4, np.int64)
-    s = State(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params),
-              DATA(params), (Bt, Bft, Bt.T, Kt.T, M, ROWS))
-    return (Bt, Bft, Bt.T, Kt.T, M, s, ARR(params), PROMPT(params), OFF(params), KEYS(params), CODE(params))
+    return CState(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params),
+                  DATA(params), Bt, Bft, Bt.T, Kt.T, M, ROWS, ARR(params), PROMPT(params), OFF(params), KEYS(params),
+                  CODE(params))
 
 
 def t_req(state, seq):
-    arrival, prompt, code = state[6], state[7], state[10]
-    return Req(arrival[seq] if HAS_T and seq < len(arrival) else 0.0, seq, -1,
-               prompt[seq] if HAS_P and seq < len(prompt) else 0, code[seq] if HAS_C and seq < len(code) else 0.0)
+    t, p, c = 0.0, 0, 0.0
+    if HAS_T:  # (a request field the policy does not read costs nothing)
+        arrival = state.f_arrival
+        if seq < len(arrival):
+            t = arrival[seq]
+    if HAS_P:
+        prompt = state.f_prompt
+        if seq < len(prompt):
+            p = prompt[seq]
+    if HAS_C:
+        code = state.f_code
+        if seq < len(code):
+            c = code[seq]
+    return Req(t, seq, -1, p, c)
 
 
 def t_on_insert(state, b, key, seq, pos):
-    INS(state[5], b, key, pos, REQ(state, seq))
+    INS(state, b, key, pos, REQ(state, seq))
     LINK(state, b, key, seq, pos)
     if BYKEY:
-        state[0][b, BK] = key
+        state.f_bt[b, BK] = key
 
 
 def t_on_hit(state, b, key, seq, pos):
     # an evictable block's heap key stays (as in Python): on_pin follows and takes it out
-    HIT(state[5], b, key, pos, REQ(state, seq))
+    HIT(state, b, key, pos, REQ(state, seq))
 
 
 def t_on_unpin(state, b, seq):
     r = REQ(state, seq)
-    PUSH(state, b, KEYOF(state[0], state[1], b, PRI, PRIO(state[5], b, r)))
+    PUSH(state, b, KEYOF(state.f_bt, state.f_bft, b, PRI, PRIO(state, b, r)))
     if EXPIRES:
-        e = EXPIRY(state[5], b, r)
+        e = EXPIRY(state, b, r)
         if e < np.inf:  # the expiry heap, ties in unpin order
-            Bt = state[0]
-            state[1][b, EXP] = e
+            Bt = state.f_bt
+            state.f_bft[b, EXP] = e
             Bt[b, EKEY] = float_key(Bt[b, EXP])
             Bt[b, ESTAMP] = Bt[b, STAMP]
-            heap_push(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+            heap_push(state.f_b, state.f_m, EH, EP, EKEY, ESTAMP, NE, b)
     if BYKEY:
-        list_append(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
+        list_append(state.f_b, KNXT, KPRV, state.f_k, KHEAD, KTAIL, state.f_bt[b, BK], b)
 
 
 def t_on_pin(state, b, seq):
     PIN(state, b, seq)
-    if EXPIRES and state[2][EP, b] >= 0:
-        heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+    if EXPIRES and state.f_b[EP, b] >= 0:
+        heap_remove(state.f_b, state.f_m, EH, EP, EKEY, ESTAMP, NE, b)
     if BYKEY:
-        list_unlink(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
+        list_unlink(state.f_b, KNXT, KPRV, state.f_k, KHEAD, KTAIL, state.f_bt[b, BK], b)
 
 
 def t_victim(state):
-    REFRESH(state[5])
+    REFRESH(state)
     if EXPIRES:  # expired blocks (expiry <= now, in expiry order) take their new priority, as if unpinned now
-        Bt, Bft, B, M = state[0], state[1], state[2], state[4]
-        now = state[5].glob[NOW]
+        Bt, Bft, B, M = state.f_bt, state.f_bft, state.f_b, state.f_m
+        now = state.glob[NOW]
         while M[NE] > 0:
             b = B[EH, 0]
             if not Bft[b, EXP] <= now:
                 break
             heap_remove(B, M, EH, EP, EKEY, ESTAMP, NE, b)
-            k = KEYOF(Bt, Bft, b, PRI, EXPIRE(state[5], b))
+            k = KEYOF(Bt, Bft, b, PRI, EXPIRE(state, b))
             heap_remove(B, M, H, P, KEY, STAMP, N, b)
             heap_push_stamped(B, M, H, P, KEY, STAMP, N, SCLOCK, b, k)
     return VICTIM(state)
@@ -626,10 +681,10 @@ def t_victim(state):
 
 def t_on_evict(state, b):
     AGE(state, b, PRI, SLOT)
-    if EXPIRES and state[2][EP, b] >= 0:
-        heap_remove(state[2], state[4], EH, EP, EKEY, ESTAMP, NE, b)
+    if EXPIRES and state.f_b[EP, b] >= 0:
+        heap_remove(state.f_b, state.f_m, EH, EP, EKEY, ESTAMP, NE, b)
     if BYKEY:
-        list_unlink(state[2], KNXT, KPRV, state[3], KHEAD, KTAIL, state[0][b, BK], b)
+        list_unlink(state.f_b, KNXT, KPRV, state.f_k, KHEAD, KTAIL, state.f_bt[b, BK], b)
     EVICT(state, b)
 
 
@@ -712,17 +767,21 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         ND=len(spec.data), D0=data[0], D1=data[1], D2=data[2],
         PIN=_pin_leaf if leaf else _pin_heap, VICTIM=_victim_leaf if leaf else _victim_heap,
         INS=spec.on_insert, HIT=spec.on_hit or _nothing, PRIO=spec.priority,
-        KEYOF=_key_float if floatp else _key_int, LINK=_link_leaf if leaf else _link_none,
+        KEYOF=_key_float if floatp else _key_int if spec.aging is not None else _key_int_unkept,
+        LINK=_link_leaf if leaf else _link_none,
         PUSH=_push_leaf if leaf else _push_heap, EVICT=_evict_leaf if leaf else _evict_heap,
         AGE=_age_none if spec.aging is None else _age_float if floatp else _age_int,
         SLOT=-1 if spec.aging is None else spec.aging,
     )
+    done: dict = {}
+    for name in ("INS", "HIT", "PRIO", "EXPIRY", "EXPIRE", "REFRESH"):  # the policy's functions, inlined
+        g[name] = inlined(g[name], done)
     label = f"{cls.__module__}.{cls.__qualname__}.{_digest(cls, spec)}"
     made = {}
     for tmpl in _TEMPLATES:
-        f = types.FunctionType(tmpl.__code__, g, tmpl.__name__, tmpl.__defaults__, tmpl.__closure__)
+        f = FunctionType(tmpl.__code__, g, tmpl.__name__, tmpl.__defaults__, tmpl.__closure__)
         f.__qualname__ = f"{label}.{tmpl.__name__}"
-        made[tmpl.__name__] = nb.njit(cache=True)(f)
+        made[tmpl.__name__] = nb.njit(cache=True, inline="always" if tmpl in (t_req, t_data) else "never")(f)
     g["REQ"], g["DATA"] = made["t_req"], made["t_data"]
     return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], made["t_on_pin"], made["t_on_unpin"],
                           made["t_victim"], made["t_on_evict"])
