@@ -1,6 +1,7 @@
-"""Classic eviction policies: compiled twins equal their Python classes, libCacheSim agrees access for
-access on object sequences (or the difference is pinned down exactly), and hand-made sequences show
-each policy's defining behaviour."""
+"""Classic eviction policies: the replay kernel and the Python core agree for every policy with a compiled
+form (queue policies are their compiled hooks in both cores), libCacheSim agrees access for access on
+object sequences (or the difference is pinned down exactly), and hand-made sequences show each policy's
+defining behaviour."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from _util import random_token_workload
 
 from kvlab.cache import AccessContext, PrefixCache
-from kvlab.policies import make_policy
+from kvlab.policies import available_policies, make_policy
 from kvlab.policies.base import _REGISTRY
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.workload import load_trace
@@ -22,8 +23,9 @@ from kvlab.workload.workload import from_lists
 lcs = pytest.importorskip("libcachesim")
 
 CLASSIC = ["fifo", "mru", "clock", "sieve", "s3fifo", "arc", "2q", "slru", "lfu", "lfuda", "lfu-halflife", "wtinylfu"]
-# every registered policy with a numba twin (read at collection: a new twin is tested without listing it)
-COMPILED = sorted(name for name, cls in _REGISTRY.items() if getattr(cls, "compiled", None) is not None)
+# every registered policy whose default instance has a compiled form (read from the registry at collection:
+# a new one is tested without listing it)
+COMPILED = [name for name in available_policies() if make_policy(name).compiled is not None]
 # both engines allocate all of a request's new blocks before keying them (vLLM's order), so every
 # column, orphan_evictions included, must agree
 COLUMNS = ["hit_blocks", "new_blocks", "evictions", "admitted", "cached_blocks", "orphan_blocks", "orphan_evictions"]
@@ -57,7 +59,8 @@ def test_compiled_equals_python(policy, capacity, block_size, seed):
 
 @pytest.mark.parametrize("policy", COMPILED)
 def test_compiled_equals_python_with_parameters(policy):
-    params = {"s3fifo": {"small_ratio": 0.25, "ghost_ratio": 0.5, "move_to_main_threshold": 1}}.get(policy, {})
+    params = {"s3fifo": {"small_ratio": 0.25, "ghost_ratio": 0.5, "move_to_main_threshold": 1},
+              "clock": {"bits": 3, "init_freq": 2}}.get(policy, {})
     w = random_token_workload(7, n=400, vocab=4)
     cfg = ReplayConfig(capacity_blocks=24, block_size=2, policy=policy, policy_params=params)
     enc = encode(w, cfg)
@@ -198,7 +201,7 @@ def test_hit_vectors_equal_libcachesim_on_zipf(zipf_trace, policy, params):
 @pytest.mark.shared
 @pytest.mark.parametrize(("policy", "params"), [k for k in LCS if not k[1]])  # parameter variants: Zipf only
 def test_hit_vectors_equal_libcachesim_on_mooncake(mooncake_trace, policy, params):
-    # the Python-engine policies (clock, 2q) replay a 50k-access prefix to keep the test short
+    # policies without a compiled form would replay a 50k-access prefix to keep the test short
     trace = mooncake_trace if _REGISTRY[policy].compiled is not None else mooncake_trace.prefix(50_000)
     for capacity in (1_000, 10_000):
         ours = trace.hits(policy, capacity, dict(params))

@@ -4,16 +4,15 @@
   keys in push order (deterministic), in a heap with lazy deletion. O(log n) per event.
 * :class:`BucketQueue` (Python): the same order for integer keys, one bucket per key; O(1) per event
   but when a key gets its first block.
-* :class:`FifoQueue` (Python): members in entry order whose pinned members keep their place; O(1) per
-  event but for members pinned while at the head; the same order as the numba ``fq_*`` queues.
 * ``heap_*`` (numba): an *indexed* binary min-heap over block ids ordered by two int64 keys; removal
   of any member is O(log n). Keyed by (key, push stamp) it gives a KeyedQueue's or BucketQueue's
   order, which keeps compiled twins hit for hit equal to their Python classes.
 * ``fq_*`` (numba): FIFO queues whose pinned members keep their place, O(1) per event but for the
-  rare parked block (O(log n)).
+  rare parked block (O(log n)): fifo, s3fifo and 2q.
 * ``dl_*`` (numba): doubly linked lists with sentinels.
 * :func:`float_key` (numba): an int64 heap key ordered like a float64 priority (compiled twins of
   policies with float priorities, e.g. gdsf).
+* :func:`grow_keys` (numpy): per-key state with list sentinels, for more key ids (``CompiledPolicy.grow``).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 
 import numba as nb
+import numpy as np
 
 from kvlab.cache.block import KVBlock
 
@@ -137,83 +137,6 @@ class BucketQueue:
 
     def __len__(self) -> int:
         return len(self._where)
-
-
-class FifoQueue:
-    """Members in entry order, oldest first; a pinned member keeps its place. O(1) per event but for
-    members pinned while at the head (then O(log n)).
-
-    The same structure as the compiled ``fq_*`` queues: ``_order`` holds members in entry order; a
-    pinned member met at the head is *parked* (taken out); when unpinned it joins ``_front``, a heap of
-    ``(stamp, bid, block)`` whose members are all older than every ``_order`` member, so the queue's
-    order is "``_front`` by stamp, then ``_order``". Invariants: ``_stamp`` has every member (a front
-    entry is stale unless its stamp is still the member's); ``_pinned`` is a subset of the members.
-    """
-
-    __slots__ = ("_clock", "_front", "_order", "_parked", "_pinned", "_stamp")
-
-    def __init__(self) -> None:
-        self._order: OrderedDict[int, KVBlock] = OrderedDict()
-        self._front: list[tuple] = []
-        self._stamp: dict[int, int] = {}
-        self._pinned: set[int] = set()
-        self._parked: dict[int, KVBlock] = {}
-        self._clock = 0
-
-    def append(self, block: KVBlock) -> None:
-        """Add an unpinned block as the youngest member."""
-        bid = block.block_id
-        self._stamp[bid] = self._clock
-        self._clock += 1
-        self._order[bid] = block
-
-    def pin(self, bid: int) -> None:
-        self._pinned.add(bid)
-
-    def unpin(self, bid: int) -> None:
-        self._pinned.discard(bid)
-        block = self._parked.pop(bid, None)
-        if block is not None:
-            heappush(self._front, (self._stamp[bid], bid, block))
-
-    def first(self) -> KVBlock | None:
-        """The oldest unpinned member, or None (pinned members met on the way are parked)."""
-        front, stamp, pinned = self._front, self._stamp, self._pinned
-        while front:
-            s, bid, block = front[0]
-            if stamp.get(bid) != s:  # removed since
-                heappop(front)
-            elif bid in pinned:
-                heappop(front)
-                self._parked[bid] = block
-            else:
-                return block
-        order = self._order
-        while order:
-            bid = next(iter(order))
-            if bid not in pinned:
-                return order[bid]
-            self._parked[bid] = order.pop(bid)
-        return None
-
-    def remove(self, bid: int) -> None:
-        """Drop a member, wherever it is (a front entry goes stale)."""
-        if self._order.pop(bid, None) is None:
-            self._parked.pop(bid, None)
-        del self._stamp[bid]
-        self._pinned.discard(bid)
-
-    def __contains__(self, bid: int) -> bool:
-        return bid in self._stamp
-
-    @property
-    def members(self) -> int:
-        """Members, pinned or not."""
-        return len(self._stamp)
-
-    def __len__(self) -> int:
-        """Unpinned members."""
-        return len(self._stamp) - len(self._pinned)
 
 
 # ---------------------------------------------------------------------- numba helpers
@@ -422,3 +345,17 @@ def float_key(bits):
     if bits < 0:
         return (bits ^ _LOW63) + 1
     return bits
+
+
+def grow_keys(K, num_keys, sentinels, links):
+    """Per-key state ``K`` (rows x (old keys + ``sentinels``), the sentinel columns last, as linked lists over
+    key ids keep them) for ``num_keys`` keys: key columns kept, new key columns 0, the sentinel columns
+    moved to the end and the links to them (rows ``links``) renumbered. For a ``CompiledPolicy.grow``."""
+    old = K.shape[1] - sentinels
+    out = np.zeros((K.shape[0], num_keys + sentinels), K.dtype)
+    out[:, :old] = K[:, :old]
+    out[:, num_keys:] = K[:, old:]
+    for r in links:
+        for part in (out[r, :old], out[r, num_keys:]):
+            part[part >= old] += num_keys - old
+    return out

@@ -28,177 +28,21 @@ Documented choices for the prefix cache:
   has no evictable block the other list's LRU block is taken;
 * ``C`` is the cache's capacity in blocks; per-block state does not survive eviction; ghost keys do.
 
-O(1) per event. Python class and compiled twin are equal hit for hit.
+O(1) per event. On a ``reset`` a removed block leaves T1 / T2 without a ghost entry.
+Written once, as compiled hooks: the replay kernel and, through kvlab.policies._adapter, the Python core
+run them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
-
 import numba as nb
 import numpy as np
 
-from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import dl_append, dl_unlink
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies._adapter import CompiledAdapter
+from kvlab.policies._queues import dl_append, dl_unlink, grow_keys
+from kvlab.policies.base import register_policy
 
-
-@register_policy("arc")
-class ARC(EvictionPolicy):
-    """Invariants: ``_label`` maps placed blocks to 1 (T1) or 2 (T2), ``_n`` counts them; ``_lists[l]``
-    holds the evictable ones in LRU order; ``_ghost[l]`` holds ghost keys in LRU order; ``0 <= p <= C``;
-    ``_to_t2`` holds keys whose ghost hit was taken by ``on_miss`` and whose block is not placed yet."""
-
-    source = "ARC (Megiddo & Modha, FAST'03; libCacheSim ARC)"
-
-    def __init__(self) -> None:
-        self.capacity = 0
-        self.p = 0.0
-        self._lists: dict[int, OrderedDict[int, KVBlock]] = {1: OrderedDict(), 2: OrderedDict()}
-        self._ghost: dict[int, OrderedDict[Hashable, None]] = {1: OrderedDict(), 2: OrderedDict()}
-        self._label: dict[int, int] = {}
-        self._n = {1: 0, 2: 0}
-        self._hit_pending: set[int] = set()
-        self._to_t2: set[Hashable] = set()
-        self._ghost_miss = False  # the current request had a ghost hit ...
-        self._x_in_b2 = False  # ... in B2
-        self._plan: tuple[int, int] | None = None  # (block id, 0 no ghost | 1 drop B1 LRU | 2 drop B2 LRU)
-
-    def attach(self, cache: object) -> None:
-        """``C`` = the cache's capacity in blocks."""
-        self.capacity = cache.num_blocks  # type: ignore[attr-defined]
-
-    def on_miss(self, keys: Sequence[Hashable], ctx: AccessContext) -> None:
-        b1, b2 = self._ghost[1], self._ghost[2]
-        for key in keys:
-            if key in b1:
-                self.p = min(self.p + max(len(b2) / len(b1), 1.0), float(self.capacity))
-                del b1[key]
-            elif key in b2:
-                self.p = max(self.p - max(len(b1) / len(b2), 1.0), 0.0)
-                del b2[key]
-                self._x_in_b2 = True
-            else:
-                continue
-            self._to_t2.add(key)
-            self._ghost_miss = True
-
-    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._ghost_miss = self._x_in_b2 = False
-
-    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        lab = self._label.get(bid)
-        if lab is None:
-            self._hit_pending.add(bid)
-        elif lab == 1:
-            self._label[bid] = 2
-            self._n[1] -= 1
-            self._n[2] += 1
-            if self._lists[1].pop(bid, None) is not None:
-                self._lists[2][bid] = block
-        elif bid in self._lists[2]:
-            self._lists[2].move_to_end(bid)
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        del self._lists[self._label[block.block_id]][block.block_id]
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._ghost_miss = self._x_in_b2 = False
-        bid = block.block_id
-        lab = self._label.get(bid)
-        if lab is None:
-            lab = self._place(block)
-            self._trim()  # only a placement can break the directory bounds
-        self._lists[lab][bid] = block
-
-    def _place(self, block: KVBlock) -> int:
-        b1, b2 = self._ghost[1], self._ghost[2]
-        key = block.key
-        if key in self._to_t2:
-            self._to_t2.discard(key)
-            lab = 2
-        elif key in b1:
-            self.p = min(self.p + max(len(b2) / len(b1), 1.0), float(self.capacity))
-            del b1[key]
-            lab = 2
-        elif key in b2:
-            self.p = max(self.p - max(len(b1) / len(b2), 1.0), 0.0)
-            del b2[key]
-            lab = 2
-        else:
-            lab = 2 if block.block_id in self._hit_pending else 1
-        self._hit_pending.discard(block.block_id)
-        self._label[block.block_id] = lab
-        self._n[lab] += 1
-        return lab
-
-    def _trim(self) -> None:
-        b1, b2, c = self._ghost[1], self._ghost[2], self.capacity
-        n1 = self._n[1]
-        while b1 and n1 + len(b1) > c:
-            b1.popitem(last=False)
-        total = n1 + self._n[2] + len(b1)
-        while b2 and total + len(b2) > 2 * c:
-            b2.popitem(last=False)
-
-    def _replace(self, x_in_b2: bool) -> KVBlock:
-        n1, p = self._n[1], self.p
-        lab = 1 if (n1 > 0 and (n1 > p or (n1 == p and x_in_b2))) or self._n[2] == 0 else 2
-        lst = self._lists[lab] or self._lists[3 - lab]
-        return next(iter(lst.values()))
-
-    def victim(self) -> KVBlock:
-        """REPLACE or case IV (see the module docstring); what case IV drops happens in ``on_evict``."""
-        if self._ghost_miss:
-            self._plan = None
-            return self._replace(self._x_in_b2)
-        n1, c = self._n[1], self.capacity
-        b1, b2 = self._ghost[1], self._ghost[2]
-        if n1 + len(b1) + 1 > c:
-            if not b1 and self._lists[1]:
-                block = next(iter(self._lists[1].values()))
-                self._plan = (block.block_id, 0)
-                return block
-            block = self._replace(False)
-            self._plan = (block.block_id, 1) if b1 else None
-            return block
-        block = self._replace(False)
-        self._plan = (block.block_id, 2) if b2 and n1 + self._n[2] + len(b1) + len(b2) >= 2 * c else None
-        return block
-
-    def _drop(self, block: KVBlock) -> int | None:
-        bid = block.block_id
-        self._hit_pending.discard(bid)
-        lab = self._label.pop(bid, None)
-        if lab is not None:
-            self._lists[lab].pop(bid, None)
-            self._n[lab] -= 1
-        return lab
-
-    def on_evict(self, block: KVBlock) -> None:
-        plan, self._plan = self._plan, None
-        action = plan[1] if plan is not None and plan[0] == block.block_id else -1
-        if action > 0:
-            self._ghost[action].popitem(last=False)
-        lab = self._drop(block)
-        if lab is not None and action != 0:
-            self._ghost[3 - lab].pop(block.key, None)  # a key sits in at most one ghost list
-            ghost = self._ghost[lab]
-            ghost[block.key] = None
-            ghost.move_to_end(block.key)
-
-    def on_remove(self, block: KVBlock) -> None:
-        self._drop(block)
-
-    def __len__(self) -> int:
-        return len(self._lists[1]) + len(self._lists[2])
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, K, M, F). B (per block): lists T1 / T2 on NXT / PRV with sentinel columns C / C + 1 (sentinel
 # NXT = LRU end), LABEL (0 = not placed), LINKED (evictable), HITP (hit before placement), BKEY.
 # K (per key): ghost lists B1 / B2 on GNXT / GPRV with sentinel columns N / N + 1, GLAB (0 = none),
@@ -348,7 +192,24 @@ def _victim(state):
 
 
 @nb.njit(cache=True)
+def _drop(B, M, b):
+    """``b`` leaves T1 / T2 (and its pending hit is forgotten); returns its list (0: not placed). (Written out
+    again in ``_on_evict``: the kernel is measurably slower calling it there.)"""
+    B[HITP, b] = 0
+    lab = B[LABEL, b]
+    if lab != 0:
+        if B[LINKED, b]:
+            dl_unlink(B, NXT, PRV, b)
+            B[LINKED, b] = 0
+        B[LABEL, b] = 0
+        M[lab - 1] -= 1
+    return lab
+
+
+@nb.njit(cache=True)
 def _on_evict(state, b):
+    """Case IV's planned ghost drop, then ``b``'s key to the MRU end of B1 / B2 (none after case IV's
+    ghost-less eviction of T1's LRU block)."""
     B, K, M = state[0], state[1], state[2]
     action = M[PLAN_A] if M[PLAN_B] == b else -1
     M[PLAN_B] = -1
@@ -373,4 +234,25 @@ def _on_evict(state, b):
     dl_append(K, GNXT, GPRV, K.shape[1] - 3 + lab, k)
 
 
-ARC.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict, _on_miss)
+@nb.njit(cache=True)
+def _on_remove(state, b):
+    _drop(state[0], state[2], b)
+
+
+def _grow(state, num_keys):
+    B, K, M, F = state
+    return (B, grow_keys(K, num_keys, 2, (GNXT, GPRV)), M, F)
+
+
+@register_policy("arc")
+class ARC(CompiledAdapter):
+    """T1, T2 (linked lists over block ids, LRU end first), ghost lists B1, B2 (over dense key ids), ``p``."""
+
+    source = "ARC (Megiddo & Modha, FAST'03; libCacheSim ARC)"
+    compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict, _on_miss,
+                              on_remove=_on_remove, grow=_grow)
+
+    @property
+    def p(self) -> float:
+        """The target size of T1 (0 before ``attach``)."""
+        return float(self.state[3][0]) if self._hooks is not None else 0.0

@@ -11,7 +11,9 @@ Documented choices:
 * state does not survive eviction: a key computed again is a new entry.
 
 On object sequences this is libCacheSim's FIFO hit for hit. O(1) per event but for blocks pinned while
-at the head of the queue (O(log n); ``kvlab.policies._queues``).
+at the head of the queue (O(log n); a parking FIFO queue of ``kvlab.policies._queues``).
+Written once, as compiled hooks: the replay kernel and, through kvlab.policies._adapter, the Python core
+run them.
 """
 
 from __future__ import annotations
@@ -19,43 +21,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from kvlab.cache.block import KVBlock
-from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import FifoQueue, fq_append, fq_first, fq_remove, fq_unpin
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.cache.compiled import CompiledPolicy, no_hit
+from kvlab.policies._adapter import CompiledAdapter
+from kvlab.policies._queues import fq_append, fq_first, fq_remove, fq_unpin
+from kvlab.policies.base import register_policy
 
-
-@register_policy("fifo")
-class FIFO(EvictionPolicy):
-    """Oldest entry first. Invariant: ``_queue`` holds every block unpinned since its insertion."""
-
-    source = "classic FIFO (libCacheSim FIFO); entry order, hits do not reorder"
-
-    def __init__(self) -> None:
-        self._queue = FifoQueue()
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._queue.pin(block.block_id)
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        if block.block_id in self._queue:
-            self._queue.unpin(block.block_id)
-        else:  # first unpin: the block enters the queue
-            self._queue.append(block)
-
-    def victim(self) -> KVBlock:
-        return self._queue.first()
-
-    def on_evict(self, block: KVBlock) -> None:
-        if block.block_id in self._queue:
-            self._queue.remove(block.block_id)
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, M): one parking FIFO queue (kvlab.policies._queues.fq_*) on the rows of B, sentinel column
 # = capacity; M = [front heap size, clock].
 NXT, PRV, LOC, PIN, H, P, K1, K2 = range(8)
@@ -73,11 +43,6 @@ def _init(capacity, num_keys, params):
 @nb.njit(cache=True)
 def _on_insert(state, b, key, seq, pos):
     state[0][PIN, b] = 1
-
-
-@nb.njit(cache=True)
-def _on_hit(state, b, key, seq, pos):
-    pass
 
 
 @nb.njit(cache=True)
@@ -109,4 +74,9 @@ def _on_evict(state, b):
     fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, 0, b)
 
 
-FIFO.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+@register_policy("fifo")
+class FIFO(CompiledAdapter):
+    """Oldest entry first. Invariant: the queue holds every block unpinned since its insertion."""
+
+    source = "classic FIFO (libCacheSim FIFO); entry order, hits do not reorder"
+    compiled = CompiledPolicy(_init, _on_insert, no_hit, _on_pin, _on_unpin, _victim, _on_evict)

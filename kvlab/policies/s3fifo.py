@@ -28,137 +28,25 @@ Documented choices for the prefix cache:
   cache always caches, so the two differ below 20 blocks of capacity (with the default ratio).
 
 On object sequences with ``small >= 2`` this is libCacheSim's S3FIFO hit for hit. O(1) per event but
-for blocks pinned while at the head of a queue (O(log n)).
+for blocks pinned while at the head of a queue (O(log n)). The compiled hooks below run in both engines
+(kvlab.policies._adapter); on a ``reset`` a removed block leaves its queue without a ghost entry.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable
 from typing import Annotated
 
 import numba as nb
 import numpy as np
 from pydantic import Field
 
-from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import FifoQueue, dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies._adapter import CompiledAdapter
+from kvlab.policies._queues import dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin, grow_keys
+from kvlab.policies.base import register_policy
 
-SMALL, MAIN = 1, 2  # queue ids of the compiled twin
+SMALL, MAIN = 1, 2  # queue ids
 
-
-@register_policy("s3fifo")
-class S3FIFO(EvictionPolicy):
-    """Invariants: ``_where`` maps each placed block to its queue (``_small`` or ``_main``, whose
-    ``members`` count them, pinned or not); ``_freq`` covers every cached block; ``_ghost`` holds at most
-    ``ghost_size`` keys after an unpin."""
-
-    source = "S3-FIFO (Yang et al., SOSP'23; libCacheSim S3FIFO parameters)"
-
-    def __init__(
-        self,
-        small_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.10,  # main = C - small must hold a block
-        ghost_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.90,  # C * ratio keys must fit an int64
-        move_to_main_threshold: Annotated[int, Field(ge=1, le=10**6)] = 2,
-    ) -> None:
-        self.small_ratio = float(small_ratio)
-        self.ghost_ratio = float(ghost_ratio)
-        self.threshold = int(move_to_main_threshold)
-        self._small = FifoQueue()
-        self._main = FifoQueue()
-        self._where: dict[int, FifoQueue] = {}
-        self._freq: dict[int, int] = {}
-        self._ghost: OrderedDict[Hashable, None] = OrderedDict()
-        self._has_evicted = False
-
-    def attach(self, cache: object) -> None:
-        """Size the queues for the cache's capacity ``C`` (in blocks)."""
-        self.capacity = cache.num_blocks  # type: ignore[attr-defined]
-        self.small_size = int(self.capacity * self.small_ratio)
-        self.main_size = self.capacity - self.small_size
-        self.ghost_size = int(self.capacity * self.ghost_ratio)
-
-    def compiled_params(self) -> np.ndarray:
-        return np.array([self.small_ratio, self.ghost_ratio, self.threshold], dtype=np.float64)
-
-    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._freq[block.block_id] = 0
-
-    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._freq[block.block_id] += 1
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._where[block.block_id].pin(block.block_id)
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        q = self._where.get(bid)
-        ghost = self._ghost
-        if q is None:  # first unpin: place the new block
-            if block.key in ghost:
-                del ghost[block.key]
-                q = self._main
-            elif not self._has_evicted and self._small.members >= self.small_size:
-                q = self._main
-            else:
-                q = self._small
-            self._where[bid] = q
-            q.append(block)
-        else:
-            q.unpin(bid)
-        while len(ghost) > self.ghost_size:
-            ghost.popitem(last=False)
-
-    def _to_main_tail(self, block: KVBlock) -> None:
-        """Move an evictable block to the tail of main."""
-        bid = block.block_id
-        self._where[bid].remove(bid)
-        self._where[bid] = self._main
-        self._main.append(block)
-
-    def victim(self) -> KVBlock:
-        small, main, freq = self._small, self._main, self._freq
-        while True:
-            if (main.members > self.main_size or not small) and main:
-                while True:
-                    block = main.first()
-                    f = freq[block.block_id]
-                    if f == 0:
-                        return block
-                    freq[block.block_id] = min(f, 3) - 1
-                    self._to_main_tail(block)
-            block = small.first()
-            while block is not None:
-                if freq[block.block_id] < self.threshold:
-                    return block
-                freq[block.block_id] = 0
-                self._to_main_tail(block)
-                block = small.first()
-
-    def _drop(self, block: KVBlock) -> FifoQueue | None:
-        bid = block.block_id
-        del self._freq[bid]
-        q = self._where.pop(bid, None)
-        if q is not None:
-            q.remove(bid)
-        return q
-
-    def on_evict(self, block: KVBlock) -> None:
-        self._has_evicted = True
-        if self._drop(block) is self._small and self.ghost_size > 0 and block.key not in self._ghost:
-            self._ghost[block.key] = None
-
-    def on_remove(self, block: KVBlock) -> None:
-        self._drop(block)
-
-    def __len__(self) -> int:
-        return len(self._small) + len(self._main)
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, K, M). B (per block, sentinels: column C = small, C + 1 = main): two parking FIFO queues
 # (kvlab.policies._queues.fq_*) with front heaps HS / HM, plus WHERE (0 none, 1 small, 2 main), FREQ and
 # BKEY. K (per key, sentinel column = number of keys): the ghost FIFO (GNXT / GPRV, ING = member).
@@ -295,4 +183,38 @@ def _on_evict(state, b):
         M[GHOST_N] += 1
 
 
-S3FIFO.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+@nb.njit(cache=True)
+def _on_remove(state, b):
+    """A key dropped without eviction: out of its queue, no ghost entry."""
+    B, M = state[0], state[2]
+    if B[WHERE, b] != 0:
+        _remove(B, M, b)
+        B[WHERE, b] = 0
+
+
+def _grow(state, num_keys):
+    B, K, M = state
+    return (B, grow_keys(K, num_keys, 1, (GNXT, GPRV)), M)
+
+
+@register_policy("s3fifo")
+class S3FIFO(CompiledAdapter):
+    """Small and main FIFO queues of block ids (each a parking FIFO queue: a pinned block keeps its place),
+    counters per block, the ghost FIFO over dense key ids."""
+
+    source = "S3-FIFO (Yang et al., SOSP'23; libCacheSim S3FIFO parameters)"
+    compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict,
+                              on_remove=_on_remove, grow=_grow)
+
+    def __init__(
+        self,
+        small_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.10,  # main = C - small must hold a block
+        ghost_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.90,  # C * ratio keys must fit an int64
+        move_to_main_threshold: Annotated[int, Field(ge=1, le=10**6)] = 2,
+    ) -> None:
+        self.small_ratio = float(small_ratio)
+        self.ghost_ratio = float(ghost_ratio)
+        self.threshold = int(move_to_main_threshold)
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array([self.small_ratio, self.ghost_ratio, self.threshold], dtype=np.float64)

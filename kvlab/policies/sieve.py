@@ -14,6 +14,8 @@ at the newest end and are never moved. Documented choices:
 * state does not survive eviction.
 
 On object sequences this is libCacheSim's Sieve hit for hit. Amortised O(1) per event.
+Written once, as compiled hooks: the replay kernel and, through kvlab.policies._adapter, the Python core
+run them.
 """
 
 from __future__ import annotations
@@ -21,95 +23,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies._adapter import CompiledAdapter
+from kvlab.policies.base import register_policy
 
-
-@register_policy("sieve")
-class Sieve(EvictionPolicy):
-    """Queued blocks in a doubly linked list (``_newer`` / ``_older``, ``None`` = end) with a hand.
-
-    Invariants: ``_blocks`` = queued blocks (unpinned at least once since insertion); ``_pinned`` =
-    queued blocks now pinned; ``_visited`` has an entry for every cached block.
-    """
-
-    source = "SIEVE (Zhang et al., NSDI'24; libCacheSim Sieve)"
-
-    def __init__(self) -> None:
-        self._blocks: dict[int, KVBlock] = {}
-        self._newer: dict[int, int | None] = {}
-        self._older: dict[int, int | None] = {}
-        self._head: int | None = None  # newest
-        self._tail: int | None = None  # oldest
-        self._hand: int | None = None
-        self._visited: dict[int, bool] = {}
-        self._pinned: set[int] = set()
-
-    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._visited[block.block_id] = False
-
-    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._visited[block.block_id] = True
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._pinned.add(block.block_id)
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        if bid in self._blocks:
-            self._pinned.discard(bid)
-            return
-        self._blocks[bid] = block
-        head = self._head
-        self._older[bid] = head
-        self._newer[bid] = None
-        if head is None:
-            self._tail = bid
-        else:
-            self._newer[head] = bid
-        self._head = bid
-
-    def victim(self) -> KVBlock:
-        newer, visited, pinned = self._newer, self._visited, self._pinned
-        b = self._hand
-        while True:
-            if b is None:
-                b = self._tail
-            if b in pinned:
-                b = newer[b]
-            elif visited[b]:
-                visited[b] = False
-                b = newer[b]
-            else:
-                break
-        self._hand = newer[b]
-        return self._blocks[b]
-
-    def on_evict(self, block: KVBlock) -> None:
-        bid = block.block_id
-        del self._visited[bid]
-        if self._blocks.pop(bid, None) is None:  # removed before it was ever unpinned
-            return
-        self._pinned.discard(bid)
-        nb_, ob = self._newer.pop(bid), self._older.pop(bid)
-        if self._hand == bid:
-            self._hand = nb_
-        if nb_ is None:
-            self._head = ob
-        else:
-            self._older[nb_] = ob
-        if ob is None:
-            self._tail = nb_
-        else:
-            self._newer[ob] = nb_
-
-    def __len__(self) -> int:
-        return len(self._blocks) - len(self._pinned)
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, M). B rows NEWER / OLDER (-1 = none), VISITED, FLAG (0 not queued, 1 queued, 2 queued and
 # pinned); M = [head (newest), tail (oldest), hand].
 NEWER, OLDER, VISITED, FLAG = range(4)
@@ -190,4 +107,10 @@ def _on_evict(state, b):
         B[NEWER, ob] = nb_
 
 
-Sieve.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+
+@register_policy("sieve")
+class Sieve(CompiledAdapter):
+    """Queued blocks (unpinned at least once since insertion) in a doubly linked list with a hand."""
+
+    source = "SIEVE (Zhang et al., NSDI'24; libCacheSim Sieve)"
+    compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)

@@ -16,27 +16,24 @@ a hit on a block not yet placed places it one segment up; segment counts include
 demotion skips pinned ones (a segment may then briefly exceed its size); no state survives eviction.
 libCacheSim fills higher segments first while the cache warms up (new objects go to the lowest
 segment with space); this class always inserts into segment 0, so no hit-for-hit equality with it is
-claimed. O(1) per event (amortised over demotions), in Python and in the compiled twin (numba, used
-by the replay driver's compiled engine; tested hit for hit against this class): a linked list per
-segment over block ids, segment and counts in int64 arrays.
+claimed. O(1) per event (amortised over demotions): a linked list per segment over block ids, segment
+and counts in int64 arrays; these compiled hooks run in both engines (kvlab.policies._adapter).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Annotated
 
 import numba as nb
 import numpy as np
 from pydantic import Field
 
-from kvlab.cache.block import KVBlock
-from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
+from kvlab.cache.compiled import CompiledPolicy, no_insert
+from kvlab.policies._adapter import CompiledAdapter
 from kvlab.policies._queues import dl_append, dl_unlink
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies.base import register_policy
 
-#: at most this many segments (each is a list in Python and a row in the compiled twin)
+#: at most this many segments (each a linked list with its own sentinel column)
 MAX_SEGMENTS = 64
 #: ``segments``: a count of equal segments, or relative sizes (normalised by their sum), lowest first
 Segments = Annotated[
@@ -46,96 +43,6 @@ Segments = Annotated[
                       "(normalised by their sum), each a finite number in (0, 1e9]"),
 ]
 
-
-@register_policy("slru")
-class SLRU(EvictionPolicy):
-    """Invariants: ``_seg`` maps placed blocks to their segment, ``_n[i]`` counts them; ``_lists[i]`` holds
-    segment ``i``'s evictable blocks, least recent first."""
-
-    source = "segmented LRU (Karedla et al., 1994; n segments as in libCacheSim SLRU)"
-
-    def __init__(self, segments: Segments = 4) -> None:
-        sizes = [1.0] * segments if isinstance(segments, int) else [float(s) for s in segments]
-        total = sum(sizes)
-        self.fractions = [s / total for s in sizes]
-        self.n_seg = len(sizes)
-        self._lists: list[OrderedDict[int, KVBlock]] = [OrderedDict() for _ in sizes]
-        self._n = [0] * self.n_seg
-        self._seg: dict[int, int] = {}
-        self._hit_pending: set[int] = set()
-
-    def attach(self, cache: object) -> None:
-        """Size the protected segments for the cache's capacity ``C`` (in blocks)."""
-        self.capacity = cache.num_blocks  # type: ignore[attr-defined]
-        self.caps = [int(self.capacity * f) for f in self.fractions]
-
-    def compiled_params(self) -> np.ndarray:
-        return np.array(self.fractions, dtype=np.float64)
-
-    def _promote(self, bid: int, block: KVBlock, i: int) -> int:
-        """Move a placed block from segment ``i`` one up, demoting overflow downwards; returns its segment."""
-        lists, n = self._lists, self._n
-        evictable = lists[i].pop(bid, None) is not None
-        j = i + 1
-        self._seg[bid] = j
-        n[i] -= 1
-        n[j] += 1
-        while j >= 1 and n[j] > self.caps[j] and lists[j]:
-            low, low_block = lists[j].popitem(last=False)
-            self._seg[low] = j - 1
-            n[j] -= 1
-            n[j - 1] += 1
-            lists[j - 1][low] = low_block
-            j -= 1
-        if evictable:
-            lists[i + 1][bid] = block
-        return i + 1
-
-    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        i = self._seg.get(bid)
-        if i is None:
-            self._hit_pending.add(bid)
-        elif i < self.n_seg - 1:
-            self._promote(bid, block, i)
-        elif bid in self._lists[i]:
-            self._lists[i].move_to_end(bid)
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        del self._lists[self._seg[block.block_id]][block.block_id]
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        i = self._seg.get(bid)
-        if i is None:
-            i = 0
-            self._seg[bid] = 0
-            self._n[0] += 1
-            if bid in self._hit_pending:
-                self._hit_pending.discard(bid)
-                if self.n_seg > 1:
-                    i = self._promote(bid, block, 0)
-        self._lists[i][bid] = block
-
-    def victim(self) -> KVBlock:
-        for lst in self._lists:
-            if lst:
-                return next(iter(lst.values()))
-        raise IndexError("victim() called with no evictable block")
-
-    def on_evict(self, block: KVBlock) -> None:
-        bid = block.block_id
-        self._hit_pending.discard(bid)
-        i = self._seg.pop(bid, None)
-        if i is not None:
-            self._lists[i].pop(bid, None)
-            self._n[i] -= 1
-
-    def __len__(self) -> int:
-        return sum(len(lst) for lst in self._lists)
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, M). B (per block; sentinel columns C + i = segment i's list): NXT / PRV, a linked list per
 # segment of its evictable blocks (least recent first), SEG (-1 not placed), LINKED (in its list),
 # PEND (hit before placement). M: counts ``n[i]`` in slots 0..S-1, sizes ``caps[i]`` in slots S..2S-1.
@@ -157,7 +64,7 @@ def _init(capacity, num_keys, params):
 
 @nb.njit(cache=True)
 def _promote(B, M, b, i):
-    """The Python ``_promote``: placed block ``b`` from segment ``i`` one up, demoting overflow down."""
+    """Placed block ``b`` from segment ``i`` one up, demoting overflow down; returns its segment."""
     S = M.shape[0] // 2
     base = B.shape[1] - S
     evictable = B[LINKED, b] != 0
@@ -180,11 +87,6 @@ def _promote(B, M, b, i):
         dl_append(B, NXT, PRV, base + i + 1, b)
         B[LINKED, b] = 1
     return i + 1
-
-
-@nb.njit(cache=True)
-def _on_insert(state, b, key, seq, pos):
-    pass
 
 
 @nb.njit(cache=True)
@@ -251,4 +153,19 @@ def _on_evict(state, b):
         M[i] -= 1
 
 
-SLRU.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+@register_policy("slru")
+class SLRU(CompiledAdapter):
+    """A linked list per segment of its evictable blocks (least recent first); segment of each placed
+    block and counts per segment in int64 arrays."""
+
+    source = "segmented LRU (Karedla et al., 1994; n segments as in libCacheSim SLRU)"
+    compiled = CompiledPolicy(_init, no_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+
+    def __init__(self, segments: Segments = 4) -> None:
+        sizes = [1.0] * segments if isinstance(segments, int) else [float(s) for s in segments]
+        total = sum(sizes)
+        self.fractions = [s / total for s in sizes]
+        self.n_seg = len(sizes)
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array(self.fractions, dtype=np.float64)

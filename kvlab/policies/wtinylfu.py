@@ -32,161 +32,27 @@ Parameters: ``window_ratio`` (0.01), ``protected_ratio`` (0.8 of the main area),
 (10), ``max_count`` (15). Sizes in blocks: window ``max(1, int(C * window_ratio))``. O(1) per event
 (amortised: a reset touches every counter once per ``sample_factor × C`` accesses).
 
-Compiled twin (numba, used by the replay driver's compiled engine; tested hit for hit against this
-class): a linked list per segment over block ids, counters in an int64 array over dense key ids (0 =
-absent from ``freq``), a reset halving all ``num_keys`` counters (O(num_keys) per ``sample_factor × C``
-accesses).
+The compiled hooks (run in both engines, kvlab.policies._adapter): a linked list per segment over block
+ids, counters in an int64 array over dense key ids (0 = never seen or halved to 0), a reset halving all
+``num_keys`` counters (O(num_keys) per ``sample_factor × C`` accesses; tests/test_compiled_slru_wtinylfu.py
+checks them against a readable reference).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable
 from typing import Annotated
 
 import numba as nb
 import numpy as np
 from pydantic import Field
 
-from kvlab.cache.block import KVBlock
 from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
+from kvlab.policies._adapter import CompiledAdapter
 from kvlab.policies._queues import dl_append, dl_unlink
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.policies.base import register_policy
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 
-
-@register_policy("wtinylfu")
-class WTinyLFU(EvictionPolicy):
-    """Invariants: ``_seg`` maps every placed block to its segment and ``_n`` counts them per segment;
-    ``_lists[s]`` holds segment ``s``'s evictable blocks in LRU order; ``0 <= freq[key] <= max_count``."""
-
-    source = "W-TinyLFU (Einziger et al., ToS 2017; Caffeine, libCacheSim WTinyLFU); exact counters"
-
-    def __init__(
-        self,
-        window_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.01,
-        protected_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8,
-        sample_factor: Annotated[float, Field(gt=0, le=10**6)] = 10.0,  # sample_factor * C must fit an int64
-        max_count: Annotated[int, Field(ge=1, le=10**6)] = 15,
-    ) -> None:
-        self.window_ratio = float(window_ratio)
-        self.protected_ratio = float(protected_ratio)
-        self.sample_factor = float(sample_factor)
-        self.max_count = int(max_count)
-        self.freq: dict[Hashable, int] = {}
-        self._accesses = 0
-        self._sample = 1
-        self._seg: dict[int, int] = {}
-        self._n = [0, 0, 0]
-        self._lists: list[OrderedDict[int, KVBlock]] = [OrderedDict(), OrderedDict(), OrderedDict()]
-
-    def attach(self, cache: object) -> None:
-        """Segment sizes from the cache's capacity ``C`` (blocks)."""
-        c = cache.num_blocks  # type: ignore[attr-defined]
-        self.window_size = max(1, int(c * self.window_ratio))
-        self.main_size = max(c - self.window_size, 0)
-        self.protected_size = int(self.main_size * self.protected_ratio)
-        self._sample = max(1, int(self.sample_factor * c))
-
-    def compiled_params(self) -> np.ndarray:
-        return np.array([self.window_ratio, self.protected_ratio, self.sample_factor, self.max_count],
-                        dtype=np.float64)
-
-    # ------------------------------------------------------------------ frequency
-    def _record(self, key: Hashable) -> None:
-        freq = self.freq
-        f = freq.get(key, 0)
-        if f < self.max_count:
-            freq[key] = f + 1
-        self._accesses += 1
-        if self._accesses >= self._sample:
-            self.freq = {k: v >> 1 for k, v in freq.items() if v > 1}
-            self._accesses //= 2
-
-    # ------------------------------------------------------------------ hooks
-    def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._record(block.key)
-
-    def on_hit(self, block: KVBlock, ctx: AccessContext) -> None:
-        self._record(block.key)
-        bid = block.block_id
-        seg = self._seg.get(bid)
-        if seg is None:
-            return
-        lists = self._lists
-        if seg == PROBATION:
-            self._seg[bid] = PROTECTED
-            self._n[PROBATION] -= 1
-            self._n[PROTECTED] += 1
-            if lists[PROBATION].pop(bid, None) is not None:
-                lists[PROTECTED][bid] = block
-            if self._n[PROTECTED] > self.protected_size and lists[PROTECTED]:
-                _, demoted = lists[PROTECTED].popitem(last=False)
-                self._seg[demoted.block_id] = PROBATION
-                self._n[PROTECTED] -= 1
-                self._n[PROBATION] += 1
-                lists[PROBATION][demoted.block_id] = demoted
-        elif bid in lists[seg]:
-            lists[seg].move_to_end(bid)
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        del self._lists[self._seg[block.block_id]][block.block_id]
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        seg = self._seg.get(bid)
-        if seg is None:
-            seg = self._seg[bid] = WINDOW
-            self._n[WINDOW] += 1
-        self._lists[seg][bid] = block
-        if seg == WINDOW:  # window overflow moves to probation while the main area has room
-            lists, n = self._lists, self._n
-            while n[WINDOW] > self.window_size and n[PROBATION] + n[PROTECTED] < self.main_size and lists[WINDOW]:
-                self._to_probation(next(iter(lists[WINDOW].values())))
-
-    def _to_probation(self, block: KVBlock) -> None:
-        bid = block.block_id
-        del self._lists[WINDOW][bid]
-        self._seg[bid] = PROBATION
-        self._n[WINDOW] -= 1
-        self._n[PROBATION] += 1
-        self._lists[PROBATION][bid] = block
-
-    def victim(self) -> KVBlock:
-        """A full window's LRU block against the main area's victim (admit or reject), else the main
-        area's LRU block."""
-        lists, n, freq = self._lists, self._n, self.freq
-        while n[WINDOW] >= self.window_size and lists[WINDOW]:
-            cand = next(iter(lists[WINDOW].values()))
-            if n[PROBATION] + n[PROTECTED] < self.main_size:
-                self._to_probation(cand)  # room in the main area: no comparison
-                continue
-            main = lists[PROBATION] or lists[PROTECTED]
-            if not main:
-                return cand
-            mv = next(iter(main.values()))
-            if freq.get(cand.key, 0) > freq.get(mv.key, 0):
-                self._to_probation(cand)
-                return mv
-            return cand
-        for seg in (PROBATION, PROTECTED, WINDOW):
-            if lists[seg]:
-                return next(iter(lists[seg].values()))
-        raise IndexError("victim() called with no evictable block")
-
-    def on_evict(self, block: KVBlock) -> None:
-        seg = self._seg.pop(block.block_id, None)
-        if seg is not None:
-            self._lists[seg].pop(block.block_id, None)
-            self._n[seg] -= 1
-
-    def __len__(self) -> int:
-        return len(self._lists[0]) + len(self._lists[1]) + len(self._lists[2])
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, F, M). B (per block; sentinel columns C + s = segment s's list): NXT / PRV, a linked list
 # per segment (window, probation, protected) of its evictable blocks in LRU order, SEG (-1 not placed),
 # LINKED (in its list), BKEY. F: the frequency of each dense key id (0 = absent from the Python dict).
@@ -330,4 +196,26 @@ def _on_evict(state, b):
         M[seg] -= 1
 
 
-WTinyLFU.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+@register_policy("wtinylfu")
+class WTinyLFU(CompiledAdapter):
+    """A linked list per segment (window, probation, protected) of its evictable blocks in LRU order;
+    segment sizes count placed blocks; ``0 <= F[key] <= max_count``."""
+
+    source = "W-TinyLFU (Einziger et al., ToS 2017; Caffeine, libCacheSim WTinyLFU); exact counters"
+    compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+
+    def __init__(
+        self,
+        window_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.01,
+        protected_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8,
+        sample_factor: Annotated[float, Field(gt=0, le=10**6)] = 10.0,  # sample_factor * C must fit an int64
+        max_count: Annotated[int, Field(ge=1, le=10**6)] = 15,
+    ) -> None:
+        self.window_ratio = float(window_ratio)
+        self.protected_ratio = float(protected_ratio)
+        self.sample_factor = float(sample_factor)
+        self.max_count = int(max_count)
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array([self.window_ratio, self.protected_ratio, self.sample_factor, self.max_count],
+                        dtype=np.float64)

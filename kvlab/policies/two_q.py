@@ -16,108 +16,24 @@ A1out before the eviction pushes one); A1in keeps its entry order through pin/un
 unpin time (vLLM's LRU order); ``|A1in|`` counts placed blocks, pinned or not; if the chosen queue has
 no evictable block the other one is used; only A1out remembers a key after eviction.
 On object sequences this is libCacheSim's TwoQ hit for hit. O(1) per event but for A1in blocks
-pinned while at its head (O(log n)), in Python and in the compiled twin (numba, used by the replay
-driver's compiled engine; tested hit for hit against this class): A1in a parking FIFO queue
-(``kvlab.policies._queues.fq_*``), Am a linked list, A1out a FIFO list of dense key ids.
+pinned while at its head (O(log n)): A1in a parking FIFO queue (``kvlab.policies._queues.fq_*``), Am a
+linked list, A1out a FIFO list of dense key ids; these compiled hooks run in both engines
+(kvlab.policies._adapter). On a ``reset`` a removed A1in block leaves no A1out entry.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable
 from typing import Annotated
 
 import numba as nb
 import numpy as np
 from pydantic import Field
 
-from kvlab.cache.block import KVBlock
-from kvlab.cache.compiled import CompiledPolicy
-from kvlab.cache.context import AccessContext
-from kvlab.policies._queues import FifoQueue, dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin
-from kvlab.policies.base import EvictionPolicy, register_policy
+from kvlab.cache.compiled import CompiledPolicy, no_hit
+from kvlab.policies._adapter import CompiledAdapter
+from kvlab.policies._queues import dl_append, dl_unlink, fq_append, fq_first, fq_remove, fq_unpin, grow_keys
+from kvlab.policies.base import register_policy
 
-
-@register_policy("2q")
-class TwoQ(EvictionPolicy):
-    """Invariants: ``_ain`` holds A1in's blocks in entry order (``members`` counts them, pinned or not),
-    ``_am`` Am's evictable blocks in LRU order, ``_in_am`` all of Am's; ``_aout`` holds at most
-    ``aout_size`` keys after an unpin."""
-
-    source = "2Q (Johnson & Shasha, VLDB'94; libCacheSim TwoQ parameters)"
-
-    def __init__(
-        self,
-        ain_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.25,  # Am must hold a block
-        aout_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.5,  # C * ratio keys must fit an int64
-    ) -> None:
-        self.ain_ratio = float(ain_ratio)
-        self.aout_ratio = float(aout_ratio)
-        self._ain = FifoQueue()
-        self._am: OrderedDict[int, KVBlock] = OrderedDict()
-        self._in_am: set[int] = set()
-        self._aout: OrderedDict[Hashable, None] = OrderedDict()
-
-    def attach(self, cache: object) -> None:
-        """Size A1in and A1out for the cache's capacity ``C`` (in blocks)."""
-        self.capacity = cache.num_blocks  # type: ignore[attr-defined]
-        self.ain_size = int(self.capacity * self.ain_ratio)
-        self.aout_size = int(self.capacity * self.aout_ratio)
-
-    def compiled_params(self) -> np.ndarray:
-        return np.array([self.ain_ratio, self.aout_ratio], dtype=np.float64)
-
-    def on_pin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        if bid in self._in_am:
-            del self._am[bid]
-        else:
-            self._ain.pin(bid)
-
-    def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
-        bid = block.block_id
-        aout = self._aout
-        if bid in self._in_am:
-            self._am[bid] = block
-        elif bid in self._ain:
-            self._ain.unpin(bid)
-        elif block.key in aout:  # first unpin of a block whose key was in A1out: Am
-            del aout[block.key]
-            self._in_am.add(bid)
-            self._am[bid] = block
-        else:  # first unpin: tail of A1in
-            self._ain.append(block)
-        while len(aout) > self.aout_size:
-            aout.popitem(last=False)
-
-    def victim(self) -> KVBlock:
-        if (self._ain.members > self.ain_size and self._ain) or not self._am:
-            return self._ain.first()
-        return next(iter(self._am.values()))
-
-    def on_evict(self, block: KVBlock) -> None:
-        bid = block.block_id
-        if bid in self._in_am:
-            self._in_am.discard(bid)
-            self._am.pop(bid, None)
-        elif bid in self._ain:
-            self._ain.remove(bid)
-            if self.aout_size > 0 and block.key not in self._aout:
-                self._aout[block.key] = None
-
-    def on_remove(self, block: KVBlock) -> None:
-        bid = block.block_id
-        if bid in self._in_am:
-            self._in_am.discard(bid)
-            self._am.pop(bid, None)
-        elif bid in self._ain:
-            self._ain.remove(bid)
-
-    def __len__(self) -> int:
-        return len(self._ain) + len(self._am)
-
-
-# ---------------------------------------------------------------------- compiled twin
 # state: (B, K, M). B (per block; sentinel columns C = A1in, C + 1 = Am): A1in is a parking FIFO queue
 # (kvlab.policies._queues.fq_*: NXT / PRV / LOC / PIN and the front heap H / P / K1 / K2), Am a linked
 # list of its evictable blocks on the same NXT / PRV rows (least recent first), WHERE (0 not placed,
@@ -149,11 +65,6 @@ def _on_insert(state, b, key, seq, pos):
     B = state[0]
     B[BKEY, b] = key
     B[WHERE, b] = 0
-
-
-@nb.njit(cache=True)
-def _on_hit(state, b, key, seq, pos):
-    pass
 
 
 @nb.njit(cache=True)
@@ -227,4 +138,40 @@ def _on_evict(state, b):
             M[N_AOUT] += 1
 
 
-TwoQ.compiled = CompiledPolicy(_init, _on_insert, _on_hit, _on_pin, _on_unpin, _victim, _on_evict)
+@nb.njit(cache=True)
+def _on_remove(state, b):
+    """A key dropped without eviction (``reset``): out of Am or A1in, no A1out entry."""
+    B, M = state[0], state[2]
+    w = B[WHERE, b]
+    B[WHERE, b] = 0
+    if w == AM:
+        dl_unlink(B, NXT, PRV, b)
+    elif w == AIN:
+        fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, FN, b)
+        M[N_AIN] -= 1
+
+
+def _grow(state, num_keys):
+    B, K, M = state
+    return (B, grow_keys(K, num_keys, 1, (GNXT, GPRV)), M)
+
+
+@register_policy("2q")
+class TwoQ(CompiledAdapter):
+    """A1in (a parking FIFO queue of block ids), Am (a linked list of its evictable blocks, least recent
+    first), A1out (a FIFO list of dense key ids)."""
+
+    source = "2Q (Johnson & Shasha, VLDB'94; libCacheSim TwoQ parameters)"
+    compiled = CompiledPolicy(_init, _on_insert, no_hit, _on_pin, _on_unpin, _victim, _on_evict,
+                              on_remove=_on_remove, grow=_grow)
+
+    def __init__(
+        self,
+        ain_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.25,  # Am must hold a block
+        aout_ratio: Annotated[float, Field(ge=0, le=10**6)] = 0.5,  # C * ratio keys must fit an int64
+    ) -> None:
+        self.ain_ratio = float(ain_ratio)
+        self.aout_ratio = float(aout_ratio)
+
+    def compiled_params(self) -> np.ndarray:
+        return np.array([self.ain_ratio, self.aout_ratio], dtype=np.float64)
