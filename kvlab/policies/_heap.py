@@ -19,11 +19,15 @@ with their original entry, so the order among leaves is exactly the priority ord
 parked at most once per non-leaf period, so this stays amortised O(log n). If only parked blocks are
 evictable (every evictable block has a cached child; possible only when those children are pinned,
 e.g. duplicates of a pinned prefix), the lowest parked entry is chosen (an O(parked) scan, rare).
+
+Bucket variant (:class:`BucketHeapPolicy`), for integer priorities with few distinct values (LFU
+frequencies, retention levels): the same order from one insertion-ordered bucket per priority and a heap
+of the priorities in use, O(1) per event but when a priority gets its first block.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable
 from heapq import heapify, heappop, heappush
 
@@ -127,6 +131,70 @@ class HeapPolicy(EvictionPolicy):
 
     def __len__(self) -> int:
         return self._n
+
+
+class BucketHeapPolicy(HeapPolicy):
+    """:class:`HeapPolicy`'s order (priority, then push order) for integer priorities, in buckets.
+
+    Invariants: ``_bucket[bid]`` is the bucket (an OrderedDict in push order) holding each evictable block
+    (None otherwise); every non-empty bucket's priority is in ``_keys`` (a heap; keys of emptied buckets
+    are dropped when they reach its top). ``_stamp`` is as in HeapPolicy (a push's stamp, 0 when none)."""
+
+    def attach(self, cache: object) -> None:
+        super().attach(cache)
+        self._buckets: dict[int, OrderedDict[int, KVBlock]] = {}
+        self._bucket: list[OrderedDict | None] = [None] * cache.num_blocks  # type: ignore[attr-defined]
+        self._keys: list[int] = []
+
+    def _push(self, bid: int, priority: int) -> None:
+        s = self._next
+        self._next = s + 1
+        self._stamp[bid] = s
+        bucket = self._buckets.get(priority)
+        if bucket is None:
+            bucket = self._buckets[priority] = OrderedDict()
+            heappush(self._keys, priority)
+        bucket[bid] = self._blocks[bid]
+        self._bucket[bid] = bucket
+        self._n += 1
+
+    def _drop(self, bid: int) -> None:
+        bucket = self._bucket[bid]
+        del bucket[bid]  # type: ignore[attr-defined]
+        self._bucket[bid] = None
+        self._stamp[bid] = 0
+        self._n -= 1
+
+    def _repush(self, bid: int, priority: int) -> None:
+        self._drop(bid)
+        self._push(bid, priority)
+
+    def on_pin(self, block: KVBlock, ctx: object) -> None:
+        bid = block.block_id  # (_drop, inlined: a hot path)
+        bucket = self._bucket[bid]
+        del bucket[bid]  # type: ignore[attr-defined]
+        self._bucket[bid] = None
+        self._stamp[bid] = 0
+        self._n -= 1
+
+    def on_evict(self, block: KVBlock) -> None:
+        bid = block.block_id
+        bucket = self._bucket[bid]
+        del bucket[bid]  # type: ignore[attr-defined]
+        self._bucket[bid] = None
+        self._stamp[bid] = 0
+        self._n -= 1
+
+    def victim(self) -> KVBlock:
+        keys, buckets = self._keys, self._buckets
+        while keys:
+            bucket = buckets[keys[0]]
+            if bucket:
+                return next(iter(bucket.values()))
+            del buckets[heappop(keys)]
+        if self._cache is None:
+            raise ConfigError(f"policy {self.name!r} must be attached to a PrefixCache before use")
+        raise IndexError("victim() called with no evictable block")
 
 
 class LeafHeapPolicy(HeapPolicy):

@@ -22,8 +22,10 @@ check each policy's engines request for request.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -43,7 +45,7 @@ from kvlab.cache.compiled import CompiledPolicy
 from kvlab.cache.context import AccessContext
 from kvlab.errors import ConfigError
 from kvlab.policies import _leaf
-from kvlab.policies._heap import HeapPolicy, LeafHeapPolicy
+from kvlab.policies._heap import BucketHeapPolicy, HeapPolicy, LeafHeapPolicy
 from kvlab.policies._leaf import GNXT, GPRV, KEY, SCLOCK, STAMP, H, N, P
 from kvlab.policies._queues import (
     float_key,
@@ -56,22 +58,19 @@ from kvlab.policies._queues import (
 )
 
 
-class State(NamedTuple):
+class State:
     """What a priority policy's functions read and write: ``blk[b][F]`` / ``blkf[b][F]`` int / float field ``F``
     of block ``b``, ``key[k][F]`` / ``keyf[k][F]`` per-key fields (kept after evictions), ``glob[i]`` /
     ``globi[i]`` float / int global slots, ``par`` the instance's ``params()``, ``data`` its data
     (``Priority(data=...)``). Python: lists (``blkf is blk``; ``key`` a dict of lists made on first use) and
-    ``f_policy``, the policy object (for ``requeue_key``); compiled: a :class:`CState`."""
+    ``f_policy``, the policy object (for ``requeue_key``); slots, which CPython reads fastest. Compiled: a
+    :class:`CState`."""
 
-    blk: Any
-    blkf: Any
-    key: Any
-    keyf: Any
-    glob: Any
-    globi: Any
-    par: Any
-    data: Any = ()
-    f_policy: Any = None
+    __slots__ = ("blk", "blkf", "key", "keyf", "glob", "globi", "par", "data", "f_policy")
+
+    def __init__(self, *values: object) -> None:
+        for name, value in zip(self.__slots__, values, strict=True):
+            setattr(self, name, value)
 
 
 @structref.register
@@ -99,7 +98,7 @@ def _cstate_field(s, name):
 
 _FRAMEWORK = ("f_bt", "f_bft", "f_b", "f_k", "f_m", "f_rows", "f_arrival", "f_prompt", "f_offsets", "f_key_ids",
               "f_code")
-structref.define_proxy(CState, CStateType, [*State._fields[:-1], *_FRAMEWORK])
+structref.define_proxy(CState, CStateType, [*State.__slots__[:-1], *_FRAMEWORK])
 
 
 class Req(NamedTuple):
@@ -111,6 +110,15 @@ class Req(NamedTuple):
     request_id: int
     prompt_tokens: int
     code: float = 0.0
+
+
+class _Req:
+    """:class:`Req` in the Python core (slots: read fastest)."""
+
+    __slots__ = Req._fields
+
+    def __init__(self, time: float, seq: int, request_id: int, prompt_tokens: int, code: float = 0.0) -> None:
+        self.time, self.seq, self.request_id, self.prompt_tokens, self.code = time, seq, request_id, prompt_tokens, code
 
 
 @nb.njit(cache=True, inline="always")
@@ -188,6 +196,56 @@ def pythonize(fn: object, done: dict | None = None) -> FunctionType:
     return out
 
 
+class _Returns(ast.NodeTransformer):
+    """``return X`` -> ``_done(block_id, X); return`` (after ``_pk[block_id] = X`` with aging), not inside
+    nested functions."""
+
+    def __init__(self, aging: bool) -> None:
+        self.aging = aging
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_Return(self, node: ast.Return) -> list[ast.stmt]:
+        value = ast.unparse(node.value) if node.value is not None else "None"
+        keep = "_pk[_block.block_id] = " if self.aging else ""
+        return ast.parse(f"_v = {value}\n{keep}_v\n_done(_block.block_id, _v)\nreturn").body
+
+
+def fused(fn: object, kind: str, coded: bool, aging: bool = False) -> FunctionType | None:
+    """The Python hook ``hook(block, ctx)`` of a policy function ``fn``: its body after a prologue that binds
+    its parameters from the block and the context (``kind`` ``"block"``: ``on_insert`` / ``on_hit``;
+    ``"priority"``: its returns hand the priority to ``_done(block_id, priority)``, the heap's push), so an
+    event costs one call instead of two. The state and the rest are the defaults ``_S``, ``_done``, ``_req``,
+    ``_pk`` (:meth:`PriorityPolicy._bind` sets them per instance); the globals are ``pythonize(fn)``'s. None
+    when ``fn``'s source cannot be read (the hooks then call ``fn``)."""
+    py = fn.py_func  # type: ignore[attr-defined]
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(py)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    ast.increment_lineno(tree, py.__code__.co_firstlineno - 1)  # (tracebacks name the policy's lines)
+    node = tree.body[0]
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    ctx = "_req(_ctx)" if coded else "_ctx"
+    values = ["_S", "_block.block_id", "_block.key", "_block.position", ctx] if kind == "block" else [
+        "_S", "_block.block_id", ctx]
+    names = [a.arg for a in node.args.args]
+    if kind != "block":
+        node = _Returns(aging).generic_visit(node)
+    node.body = ast.parse("\n".join(f"{n} = {v}" for n, v in zip(names, values, strict=True))).body + node.body
+    node.decorator_list = []
+    node.name = f"_hook_{py.__name__}"
+    node.args = ast.parse("def f(_block, _ctx, _S=None, _done=None, _req=None, _pk=None): pass").body[0].args
+    namespace: dict = {}
+    code = compile(ast.fix_missing_locations(ast.Module([node], [])), inspect.getsourcefile(py) or "<policy>", "exec")
+    exec(code, pythonize(fn).__globals__, namespace)  # noqa: S102 - the policy's own code, rearranged
+    return namespace[node.name]
+
+
 def inlined(fn: object, done: dict | None = None) -> object:
     """A copy of a numba dispatcher that numba inlines into its caller, as are the dispatchers it calls
     (helpers): the compiled twin's hooks then contain the policy's whole code (no call passing the state)."""
@@ -225,14 +283,21 @@ class PriorityPolicy(HeapPolicy):
                                                 spec.expiry or _never, spec.on_expire or _zero,
                                                 spec.refresh or _no_refresh))
         cls._coded = "code" in layout
+        cls._fused = (fused(spec.on_insert, "block", cls._coded), fused(spec.on_hit, "block", cls._coded)
+                      if spec.on_hit is not None else None,
+                      fused(spec.priority, "priority", cls._coded, spec.aging is not None))
         if cls._coded:
             cls.on_insert, cls.on_hit = cls._insert_coded, cls._hit_coded  # type: ignore[method-assign]
         if spec.on_hit is None:
             cls.on_hit = HeapPolicy.on_hit  # type: ignore[method-assign]
-        if spec.aging is not None or spec.expiry is not None or cls._coded or spec.by_key:
+        if spec.expiry is not None or cls._coded or spec.by_key:
             cls.on_unpin = cls._unpin_general  # type: ignore[method-assign]
-        if spec.aging is not None or spec.by_key:
+        elif spec.aging is not None:
+            cls.on_unpin = cls._unpin_aging  # type: ignore[method-assign]
+        if spec.by_key:
             cls.on_evict = cls._evict_general  # type: ignore[method-assign]
+        elif spec.aging is not None:
+            cls.on_evict = cls._evict_aging  # type: ignore[method-assign]
         if spec.by_key:
             cls.on_pin = cls._pin_by_key  # type: ignore[method-assign]
         if spec.expiry is not None or spec.refresh is not None:
@@ -296,18 +361,67 @@ class PriorityPolicy(HeapPolicy):
         keys: dict = defaultdict(lambda: list(init))
         glob = list(spec.glob)
         par = [float(x) for x in self.params()]
-        self.state = State(blk, blk, keys, keys, glob, glob, par, self.data(), f_policy=self)
+        self.state = State(blk, blk, keys, keys, glob, glob, par, self.data(), self)
         self._f_insert, self._f_hit, self._f_priority, self._f_expiry, self._f_expire, self._f_refresh = self._py
         self._pk = [0] * n if spec.aging is not None else None
         self._by_key: dict | None = {} if spec.by_key else None  # key -> its evictable block(s), unpin order
         self._expiries: list[tuple] = []  # (expiry, stamp, block_id) of evictable blocks
+        self._expiring = spec.expiry is not None
         self._ctx: AccessContext | None = None
         self._code = 0.0
+        self._r = _Req(float("nan"), -1, -1, 0)
+        self._bind()
 
-    def _req(self, ctx: AccessContext) -> Req:
-        if ctx is not self._ctx:  # (a driver may change a request's time, never its labels)
+    def _bind(self) -> None:
+        """The hot hooks as functions of their own (:func:`fused`: the policy function's body, the state bound
+        as a default; else a closure calling it), unless overridden."""
+        cls, st, push, pk, req = type(self), self.state, self._push, self._pk, self._req
+        ins, hit, prio = self._f_insert, self._f_hit, self._f_priority
+        f_ins, f_hit, f_prio = self._fused
+
+        def bound(f: FunctionType) -> FunctionType:
+            return FunctionType(f.__code__, f.__globals__, f.__name__, (st, push, req, pk))
+
+        if cls.on_insert in (PriorityPolicy.on_insert, PriorityPolicy._insert_coded):
+            if f_ins is not None:
+                self.on_insert = bound(f_ins)
+            elif cls.on_insert is PriorityPolicy.on_insert:
+                self.on_insert = lambda block, ctx: ins(st, block.block_id, block.key, block.position, ctx)
+        if cls.on_hit in (PriorityPolicy.on_hit, PriorityPolicy._hit_coded):
+            if f_hit is not None:
+                self.on_hit = bound(f_hit)
+            elif cls.on_hit is PriorityPolicy.on_hit:
+                self.on_hit = lambda block, ctx: hit(st, block.block_id, block.key, block.position, ctx)
+        if cls.on_unpin in (PriorityPolicy.on_unpin, PriorityPolicy._unpin_aging) and f_prio is not None:
+            self.on_unpin = bound(f_prio)
+        elif cls.on_unpin is PriorityPolicy.on_unpin:
+
+            def on_unpin(block: KVBlock, ctx: AccessContext) -> None:
+                bid = block.block_id
+                push(bid, prio(st, bid, ctx))
+
+            self.on_unpin = on_unpin
+        if cls.on_evict is PriorityPolicy._evict_aging:
+            glob, i, evict = st.glob, self.spec.aging, super().on_evict  # the heap's own
+
+            def evict_aging(block: KVBlock) -> None:
+                pr = pk[block.block_id]  # type: ignore[index]
+                if pr > glob[i]:
+                    glob[i] = pr
+                evict(block)
+
+            self.on_evict = evict_aging
+
+    def _req(self, ctx: AccessContext) -> _Req:
+        """``ctx`` as a :class:`Req` with its request code (one per request; a driver may change a request's
+        time, never its labels)."""
+        r = self._r
+        if ctx is self._ctx and r.time == ctx.time:
+            return r
+        if ctx is not self._ctx:
             self._ctx, self._code = ctx, self.request_code(ctx)
-        return Req(ctx.time, ctx.seq, ctx.request_id, ctx.prompt_tokens, self._code)
+        r = self._r = _Req(ctx.time, ctx.seq, ctx.request_id, ctx.prompt_tokens, self._code)
+        return r
 
     def on_insert(self, block: KVBlock, ctx: AccessContext) -> None:
         self._f_insert(self.state, block.block_id, block.key, block.position, ctx)
@@ -324,6 +438,11 @@ class PriorityPolicy(HeapPolicy):
     def on_unpin(self, block: KVBlock, ctx: AccessContext) -> None:
         bid = block.block_id
         self._push(bid, self._f_priority(self.state, bid, ctx))
+
+    def _unpin_aging(self, block: KVBlock, ctx: AccessContext) -> None:
+        bid = block.block_id
+        pr = self._pk[bid] = self._f_priority(self.state, bid, ctx)  # type: ignore[index]
+        self._push(bid, pr)
 
     def _unpin_general(self, block: KVBlock, ctx: AccessContext) -> None:
         bid = block.block_id
@@ -342,7 +461,7 @@ class PriorityPolicy(HeapPolicy):
                 by_key[k] = [held, bid]
             else:
                 held.append(bid)
-        e = self._f_expiry(self.state, bid, r)
+        e = self._f_expiry(self.state, bid, r) if self._expiring else inf
         if e < inf:
             expiries = self._expiries
             heappush(expiries, (e, self._stamp[bid], bid))
@@ -382,6 +501,13 @@ class PriorityPolicy(HeapPolicy):
                     self._repush(bid, self._f_expire(self.state, bid))
         return super().victim()
 
+    def _evict_aging(self, block: KVBlock) -> None:
+        glob, i = self.state.glob, self.spec.aging
+        pr = self._pk[block.block_id]  # type: ignore[index]
+        if pr > glob[i]:
+            glob[i] = pr
+        super().on_evict(block)
+
     def _evict_general(self, block: KVBlock) -> None:
         if self._pk is not None:
             glob, i = self.state.glob, self.spec.aging
@@ -417,15 +543,21 @@ class LeafPriorityPolicy(PriorityPolicy, LeafHeapPolicy):
     """A priority policy that evicts leaves only (blocks whose key has no cached children)."""
 
 
+class BucketPriorityPolicy(PriorityPolicy, BucketHeapPolicy):
+    """A priority policy whose priorities are integers with few distinct values (frequencies, levels): the
+    same order, O(1) per event in the Python core (one bucket per priority; the compiled twin is the same)."""
+
+
 # ---------------------------------------------------------------------- compiled twin
 # The compiled state is one CState: the policy's views and the framework's f_* arrays. f_bt (int64, capacity
-# x (NF + NB + 1); f_bft its float64 view): one record per block, the framework's NF fields first (the heap
-# rows of kvlab/policies/_leaf.py; with expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP;
-# with key lists, BK, KNXT, KPRV), then the policy's NB (blk is the view f_bt[:, NF:NF + NB]), then PRI =
-# NF + NB, the priority at unpin. f_b = f_bt.T, the framework's row view. f_k: per dense key (transposed),
-# the framework's fields (leaf-only: CHILD, GHEAD; key lists: KHEAD, KTAIL) then the policy's. f_m = [heap
-# size, parked heap size, stamp clock, expiry heap size]. f_arrival, f_prompt, f_offsets, f_key_ids, f_code:
-# per request, the layout's parts (empty when absent).
+# x (NF + NB + 1), stored field by field: f_b = f_bt.T, the framework's row view, is C-contiguous; f_bft its
+# float64 view): per block NF framework fields first (the heap rows of kvlab/policies/_leaf.py; with
+# expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP; with key lists, BK, KNXT, KPRV), then
+# the policy's NB (blk is the view f_bt[:, NF:NF + NB]), then PRI = NF + NB, the priority at unpin (kept for
+# aging and float keys). f_k: per dense key (transposed, each key's fields together), the framework's fields
+# (leaf-only: CHILD, GHEAD; key lists: KHEAD, KTAIL) then the policy's. f_m = [heap size, parked heap size,
+# stamp clock, expiry heap size]. f_arrival, f_prompt, f_offsets, f_key_ids, f_code: per request, the
+# layout's parts (empty when absent).
 CHILD, GHEAD = 0, 1  # per-key framework fields (leaf-only)
 _NF = {False: 4, True: _leaf.LEAF_ROWS}  # framework fields per block before the policy's (heap; leaf-only)
 NE = 3  # M slot: expiry heap size

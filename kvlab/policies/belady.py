@@ -112,7 +112,8 @@ def _priority(s, b, r):
     g = s.globi
     if r.seq > g[CUR]:
         g[CUR] = r.seq
-    _advance(s)
+    if g[CUR] > g[DONE]:
+        _advance(s)
     return NEVER - s.key[s.blk[b][BKEY]][KNEXT]
 
 
@@ -143,7 +144,7 @@ class Belady(PriorityPolicy):
         if getattr(self, "state", None) is not None:  # prepared after attach: a fresh future
             self.state.globi[DONE] = self.state.globi[CUR] = -1
             self.state.key.clear()
-            self.state = self.state._replace(data=self._lists)
+            self.state.data = self._lists
 
     def data(self) -> tuple:
         return self._lists if self._lists is not None else _Unprepared()

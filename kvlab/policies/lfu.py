@@ -12,14 +12,14 @@ frequency, appended on every access, evicting from the lowest non-empty frequenc
   frequency.
 
 On object sequences this is libCacheSim's LFU hit for hit. A priority policy (kvlab.policies._priority):
-O(log n) per event in both engines (the Python heap's in-order run makes most pushes O(1)).
+Python O(1) per event but when a frequency gets its first block (buckets); compiled O(log n) (a heap).
 """
 
 from __future__ import annotations
 
 import numba as nb
 
-from kvlab.policies._priority import Priority, PriorityPolicy
+from kvlab.policies._priority import BucketPriorityPolicy, Priority
 from kvlab.policies.base import register_policy
 
 FREQ = 0  # per-block field
@@ -41,7 +41,7 @@ def _priority(s, b, r):
 
 
 @register_policy("lfu")
-class LFU(PriorityPolicy):
+class LFU(BucketPriorityPolicy):
     """Smallest ``(frequency, unpin stamp)`` first."""
 
     source = "classic LFU (libCacheSim LFU); ties: least recently unpinned; frequency reset on eviction"

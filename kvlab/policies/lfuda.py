@@ -12,14 +12,15 @@ current ``K``; per-block frequency does not survive eviction (only ``L`` remembe
 ``LFUDA.c`` is not this formula (it adds the current minimum to the frequency at each hit and does not
 increment it), so no cross-check with it is claimed.
 
-A priority policy (kvlab.policies._priority; the age is its aging slot): O(log n) per event.
+A priority policy (kvlab.policies._priority; the age is its aging slot): Python O(1) per event but when a
+priority gets its first block (buckets); compiled O(log n) (a heap).
 """
 
 from __future__ import annotations
 
 import numba as nb
 
-from kvlab.policies._priority import Priority, PriorityPolicy
+from kvlab.policies._priority import BucketPriorityPolicy, Priority
 from kvlab.policies.base import register_policy
 
 FREQ, PRIO = 0, 1  # per-block fields
@@ -47,7 +48,7 @@ def _priority(s, b, r):
 
 
 @register_policy("lfuda")
-class LFUDA(PriorityPolicy):
+class LFUDA(BucketPriorityPolicy):
     """Smallest ``(K, unpin stamp)`` first; ``age`` (L) never decreases."""
 
     source = "LFU-DA (Arlitt et al., 2000): priority = cache age + frequency"

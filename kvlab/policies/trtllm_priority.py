@@ -30,7 +30,8 @@ kvlab's version:
 A priority policy (kvlab.policies._priority): the priority is the retention priority at unpin, so the
 order is lowest priority first, least recently unpinned within it; a block's expiry is the framework's
 (an expiry heap keyed by (time + duration, unpin stamp); an expired block is re-queued at the back of
-the default level). O(log n) per event in both engines. The compiled twin supports every parameter: the
+the default level). Python: one bucket per level, O(1) per event but for expiries (O(log n)); compiled:
+O(log n) per event. The compiled twin supports every parameter: the
 ranges are flattened into ``params()``, each request's range set is ``r.code`` (``request_code`` /
 ``request_codes``), its time the workload's ``arrival`` (``prepare``). "now" is updated by the same
 hooks (insert, hit, unpin) with the same float comparison.
@@ -46,7 +47,7 @@ import numpy as np
 from pydantic import AfterValidator, Field
 
 from kvlab.cache.context import AccessContext
-from kvlab.policies._priority import Priority, PriorityPolicy, field
+from kvlab.policies._priority import BucketPriorityPolicy, Priority, field
 from kvlab.policies.base import register_policy
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
@@ -151,7 +152,7 @@ def _expire(s, b):
 
 
 @register_policy("trtllm-priority")
-class TRTLLMPriority(PriorityPolicy):
+class TRTLLMPriority(BucketPriorityPolicy):
     """Lowest retention priority first, LRU within a priority; expired priorities fall to ``default``."""
 
     source = "TensorRT-LLM KvCacheRetentionConfig + LRUEvictionPolicy (evictionPolicy.cpp)"
