@@ -56,9 +56,9 @@ def test_the_example_runs_compiled_in_the_replay(lru2):
                                                       policy="lru-2"))
             assert frame["evictions"].sum() > 100 and frame["hit_blocks"].sum() > 50
     w = synthetic_chat(300, seed=3)
-    fast = replay(w, capacity_blocks=150, block_size=16, policy="lru-2", engine="compiled")
-    assert fast.summary["engine"] == "compiled" and fast.requests["evictions"].sum() > 500
-    lru = replay(w, capacity_blocks=150, block_size=16, policy="lru", engine="compiled")
+    fast = replay(w, capacity_blocks=150, block_size=16, policy="lru-2", backend="compiled")
+    assert fast.summary["backend"] == "compiled" and fast.requests["evictions"].sum() > 500
+    lru = replay(w, capacity_blocks=150, block_size=16, policy="lru", backend="compiled")
     assert not np.array_equal(fast.requests["hit_blocks"], lru.requests["hit_blocks"])  # not LRU in disguise
 
 
