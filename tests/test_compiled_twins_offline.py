@@ -96,7 +96,7 @@ def test_lfu_halflife_compiled_floats_are_bit_identical():
         twin.on_pin(state, b, seq)
         py.on_unpin(blocks[b], ctx)
         twin.on_unpin(state, b, seq)
-        count, last = py.state.blkf[b]
+        count, last = py.state.blkf[0][b], py.state.blkf[1][b]
         assert F[0, b] == count and F[1, b] == last
         assert F[2, b] == math.log2(count) + last / half_life
         assert py.victim().block_id == B[0, 0]  # heap top

@@ -25,8 +25,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from math import inf
@@ -59,12 +61,12 @@ from kvlab.policies._queues import (
 
 
 class State:
-    """What a priority policy's functions read and write: ``blk[b][F]`` / ``blkf[b][F]`` int / float field ``F``
-    of block ``b``, ``key[k][F]`` / ``keyf[k][F]`` per-key fields (kept after evictions), ``glob[i]`` /
+    """What a priority policy's functions read and write: ``blk[F][b]`` / ``blkf[F][b]`` int / float field ``F``
+    of block ``b``, ``key[F][k]`` / ``keyf[F][k]`` per-key fields (kept after evictions), ``glob[i]`` /
     ``globi[i]`` float / int global slots, ``par`` the instance's ``params()``, ``data`` its data
-    (``Priority(data=...)``). Python: lists (``blkf is blk``; ``key`` a dict of lists made on first use) and
-    ``f_policy``, the policy object (for ``requeue_key``); slots, which CPython reads fastest. Compiled: a
-    :class:`CState`."""
+    (``Priority(data=...)``). Python: a list per block field (``blkf is blk``), a dict per key field (filled
+    on first use), ``f_policy`` the policy object (for ``requeue_key``); few objects for the garbage
+    collector, slots (which CPython reads fastest). Compiled: a :class:`CState`."""
 
     __slots__ = ("blk", "blkf", "key", "keyf", "glob", "globi", "par", "data", "f_policy")
 
@@ -356,9 +358,8 @@ class PriorityPolicy(HeapPolicy):
         n = cache.num_blocks  # type: ignore[attr-defined]
         self.block_size = cache.block_size  # type: ignore[attr-defined]
         spec = self.spec
-        blk = [list(spec.block) for _ in range(n)]
-        init = spec.key
-        keys: dict = defaultdict(lambda: list(init))
+        blk = [[v] * n for v in spec.block]  # one list per field: few objects for the garbage collector
+        keys = [defaultdict(_constant(v)) for v in spec.key]
         glob = list(spec.glob)
         par = [float(x) for x in self.params()]
         self.state = State(blk, blk, keys, keys, glob, glob, par, self.data(), self)
@@ -525,18 +526,15 @@ class PriorityPolicy(HeapPolicy):
 
 
 def field(i: int) -> property:
-    """A read-only view of per-block field ``i`` (``policy.x[block_id]``) of a priority policy's Python state."""
-    return property(lambda self: _Field(self.state.blk, i))
+    """Per-block field ``i`` of a priority policy's Python state (``policy.x[block_id]``)."""
+    return property(lambda self: self.state.blk[i])
 
 
-class _Field:
-    __slots__ = ("blk", "i")
-
-    def __init__(self, blk: list, i: int) -> None:
-        self.blk, self.i = blk, i
-
-    def __getitem__(self, b: int) -> object:
-        return self.blk[b][self.i]
+def _constant(v: object) -> Callable[[], object]:
+    """The default factory of a per-key field with initial value ``v`` (C-level for 0 and 0.0)."""
+    if v == 0 and type(v) in (int, float):
+        return type(v)
+    return lambda: v
 
 
 class LeafPriorityPolicy(PriorityPolicy, LeafHeapPolicy):
@@ -553,7 +551,7 @@ class BucketPriorityPolicy(PriorityPolicy, BucketHeapPolicy):
 # x (NF + NB + 1), stored field by field: f_b = f_bt.T, the framework's row view, is C-contiguous; f_bft its
 # float64 view): per block NF framework fields first (the heap rows of kvlab/policies/_leaf.py; with
 # expiries, the expiry heap's EH, EP, EKEY, ESTAMP and the expiry EXP; with key lists, BK, KNXT, KPRV), then
-# the policy's NB (blk is the view f_bt[:, NF:NF + NB]), then PRI = NF + NB, the priority at unpin (kept for
+# the policy's NB (blk is the view f_b[NF:NF + NB]), then PRI = NF + NB, the priority at unpin (kept for
 # aging and float keys). f_k: per dense key (transposed, each key's fields together), the framework's fields
 # (leaf-only: CHILD, GHEAD; key lists: KHEAD, KTAIL) then the policy's. f_m = [heap size, parked heap size,
 # stamp clock, expiry heap size]. f_arrival, f_prompt, f_offsets, f_key_ids, f_code: per request, the
@@ -738,7 +736,7 @@ def t_init(capacity, num_keys, params):
     Bft = Bt.view(np.float64)
     Kft = Kt.view(np.float64)
     M = np.zeros(4, np.int64)
-    return CState(Bt[:, NF:PRI], Bft[:, NF:PRI], Kt[:, KF:], Kft[:, KF:], G.view(np.float64), G, PAR(params),
+    return CState(Bt.T[NF:PRI], Bft.T[NF:PRI], Kt.T[KF:], Kft.T[KF:], G.view(np.float64), G, PAR(params),
                   DATA(params), Bt, Bft, Bt.T, Kt.T, M, ROWS, ARR(params), PROMPT(params), OFF(params), KEYS(params),
                   CODE(params))
 
@@ -843,15 +841,20 @@ def _raw(values: tuple) -> np.ndarray:
 
 
 def _digest(cls: type, spec: Priority) -> str:
-    """Identifies the policy's code in numba's on-disk cache: its module's source (or its functions' code)."""
-    fields = (spec.block, spec.key, spec.glob, spec.float_priority, spec.aging, spec.layout, spec.now)
+    """Names the policy's hooks in numba's on-disk cache: a digest of its module's source (or its functions'
+    code), its spec and the framework's sources (numba checks only the templates' own file, not the files
+    of what they inline or call: a change there must give new names, not reuse stale machine code)."""
+    fields = (spec.block, spec.key, spec.glob, spec.float_priority, spec.aging, spec.layout, spec.now, spec.data,
+              spec.by_key, spec.expiry is not None, spec.refresh is not None)
     h = hashlib.sha1(repr(fields).encode())
-    try:
-        h.update(inspect.getsource(inspect.getmodule(cls)).encode())  # type: ignore[arg-type]
-    except (OSError, TypeError):
-        for fn in (spec.priority, spec.on_insert, spec.on_hit or _nothing):
-            code = fn.py_func.__code__
-            h.update(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
+    for module in (inspect.getmodule(cls), _leaf, sys.modules[__name__], sys.modules[heap_push.__module__]):
+        try:
+            h.update(inspect.getsource(module).encode())  # type: ignore[arg-type]
+        except (OSError, TypeError):  # (a policy defined interactively: its functions' code)
+            for fn in (spec.priority, spec.on_insert, spec.on_hit or _nothing, spec.expiry or _never,
+                       spec.on_expire or _zero, spec.refresh or _no_refresh):
+                code = fn.py_func.__code__
+                h.update(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
     return h.hexdigest()[:12]
 
 

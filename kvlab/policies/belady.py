@@ -87,7 +87,7 @@ def _see(s, b, key, pos, r):
         if r.seq >= len(s.data[OFF]) - 1:
             raise ConfigError("belady: a request beyond the prepared workload (prepare(encoded) with its future)")
         g[CUR] = r.seq
-    s.blk[b][BKEY] = key
+    s.blk[BKEY][b] = key
 
 
 @nb.njit(cache=True)
@@ -100,7 +100,7 @@ def _advance(s):
         for q in range(g[DONE] + 1, g[CUR] + 1):
             for j in range(off[q], off[q + 1]):
                 k = keys[j]
-                s.key[k][KNEXT] = nxt[j]
+                s.key[KNEXT][k] = nxt[j]
                 requeue_key(s, k, NEVER - nxt[j])
         g[DONE] = g[CUR]
 
@@ -114,7 +114,7 @@ def _priority(s, b, r):
         g[CUR] = r.seq
     if g[CUR] > g[DONE]:
         _advance(s)
-    return NEVER - s.key[s.blk[b][BKEY]][KNEXT]
+    return NEVER - s.key[KNEXT][s.blk[BKEY][b]]
 
 
 class _Unprepared:
@@ -143,7 +143,8 @@ class Belady(PriorityPolicy):
         self._lists = (offsets.tolist(), key_ids.tolist(), nxt.tolist())
         if getattr(self, "state", None) is not None:  # prepared after attach: a fresh future
             self.state.globi[DONE] = self.state.globi[CUR] = -1
-            self.state.key.clear()
+            for per_key in self.state.key:
+                per_key.clear()
             self.state.data = self._lists
 
     def data(self) -> tuple:

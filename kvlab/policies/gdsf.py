@@ -57,23 +57,21 @@ AR, BS = 0, 1  # parameters: attention_ratio, block size
 def _insert(s, b, key, pos, r):
     bs = int(s.par[BS])
     c = 1.0 + s.par[AR] * (pos * bs + (bs + 1) / 2)  # recompute cost of the block at ``pos``
-    s.blk[b][FREQ] = 1
-    m = s.blkf[b]
-    m[COST] = c
-    m[PRIO] = s.glob[CLOCK] + c
+    s.blk[FREQ][b] = 1
+    s.blkf[COST][b] = c
+    s.blkf[PRIO][b] = s.glob[CLOCK] + c
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
-    f = s.blk[b][FREQ] + 1
-    s.blk[b][FREQ] = f
-    m = s.blkf[b]
-    m[PRIO] = s.glob[CLOCK] + f * m[COST]
+    f = s.blk[FREQ][b] + 1
+    s.blk[FREQ][b] = f
+    s.blkf[PRIO][b] = s.glob[CLOCK] + f * s.blkf[COST][b]
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    return s.blkf[b][PRIO]
+    return s.blkf[PRIO][b]
 
 
 @register_policy("gdsf")

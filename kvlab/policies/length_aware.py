@@ -30,21 +30,19 @@ _POS_LIMIT = (1 << 31) - 1
 
 @nb.njit(cache=True)
 def _insert(s, b, key, pos, r):
-    m = s.blk[b]
-    m[FREQ] = 1
-    m[POS] = pos
+    s.blk[FREQ][b] = 1
+    s.blk[POS][b] = pos
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
-    s.blk[b][FREQ] += 1
+    s.blk[FREQ][b] += 1
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
     # one int orders (frequency, -position): frequency in the high bits; positions below 2**31
-    m = s.blk[b]
-    return (m[FREQ] << 32) | (_POS_LIMIT - m[POS])
+    return (s.blk[FREQ][b] << 32) | (_POS_LIMIT - s.blk[POS][b])
 
 
 @register_policy("length-aware")

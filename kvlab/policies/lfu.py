@@ -27,17 +27,17 @@ FREQ = 0  # per-block field
 
 @nb.njit(cache=True)
 def _insert(s, b, key, pos, r):
-    s.blk[b][FREQ] = 1
+    s.blk[FREQ][b] = 1
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
-    s.blk[b][FREQ] += 1
+    s.blk[FREQ][b] += 1
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    return s.blk[b][FREQ]
+    return s.blk[FREQ][b]
 
 
 @register_policy("lfu")

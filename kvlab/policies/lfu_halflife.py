@@ -38,23 +38,21 @@ HALF, TIME, TWO = 0, 1, 2  # parameters: half_life, clock is "time", 2.0
 
 @nb.njit(cache=True)
 def _insert(s, b, key, pos, r):
-    m = s.blkf[b]
-    m[COUNT] = 1.0
-    m[LAST] = float(r.time) if s.par[TIME] != 0.0 else float(r.seq)
+    s.blkf[COUNT][b] = 1.0
+    s.blkf[LAST][b] = float(r.time) if s.par[TIME] != 0.0 else float(r.seq)
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
     now = float(r.time) if s.par[TIME] != 0.0 else float(r.seq)
-    m = s.blkf[b]
-    m[COUNT] = m[COUNT] * s.par[TWO] ** (-(now - m[LAST]) / s.par[HALF]) + 1.0
-    m[LAST] = now
+    count, last = s.blkf[COUNT], s.blkf[LAST]
+    count[b] = count[b] * s.par[TWO] ** (-(now - last[b]) / s.par[HALF]) + 1.0
+    last[b] = now
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    m = s.blkf[b]
-    return math.log2(m[COUNT]) + m[LAST] / s.par[HALF]
+    return math.log2(s.blkf[COUNT][b]) + s.blkf[LAST][b] / s.par[HALF]
 
 
 @register_policy("lfu-halflife")

@@ -29,22 +29,20 @@ AGE = 0  # global int slot: L
 
 @nb.njit(cache=True)
 def _insert(s, b, key, pos, r):
-    m = s.blk[b]
-    m[FREQ] = 1
-    m[PRIO] = s.globi[AGE] + 1
+    s.blk[FREQ][b] = 1
+    s.blk[PRIO][b] = s.globi[AGE] + 1
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
-    m = s.blk[b]
-    f = m[FREQ] + 1
-    m[FREQ] = f
-    m[PRIO] = s.globi[AGE] + f
+    f = s.blk[FREQ][b] + 1
+    s.blk[FREQ][b] = f
+    s.blk[PRIO][b] = s.globi[AGE] + f
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    return s.blk[b][PRIO]
+    return s.blk[PRIO][b]
 
 
 @register_policy("lfuda")

@@ -65,33 +65,42 @@ def _insert(s, b, key, pos, r):
         c = pos * bs
         s.glob[SPAN_COST] = span_cost(s.par[AR], c, max(r.prompt_tokens - c, bs))
     cost = s.glob[SPAN_COST]
-    k, kf = s.key[key], s.keyf[key]
-    n = k[CNT] + 1
+    freq, mean, cnt = s.key[FREQ], s.keyf[MEAN], s.key[CNT]
+    n = cnt[key] + 1
     if n == 1:
-        k[FREQ] = 1
-        kf[MEAN] = cost
-        k[CNT] = 1
-        s.blkf[b][PRIO] = s.glob[CLOCK] + cost
+        freq[key] = 1
+        mean[key] = cost
+        cnt[key] = 1
+        s.blkf[PRIO][b] = s.glob[CLOCK] + cost
     else:
-        f = k[FREQ] + 1
-        mean = kf[MEAN] + (cost - kf[MEAN]) / n
-        k[FREQ] = f
-        kf[MEAN] = mean
-        k[CNT] = n
-        s.blkf[b][PRIO] = s.glob[CLOCK] + f * mean
+        f = freq[key] + 1
+        m = mean[key] + (cost - mean[key]) / n
+        freq[key] = f
+        mean[key] = m
+        cnt[key] = n
+        s.blkf[PRIO][b] = s.glob[CLOCK] + f * m
 
 
 @nb.njit(cache=True)
 def _hit(s, b, key, pos, r):
-    k = s.key[key]
-    f = k[FREQ] + 1
-    k[FREQ] = f
-    s.blkf[b][PRIO] = s.glob[CLOCK] + f * s.keyf[key][MEAN]
+    f = s.key[FREQ][key] + 1
+    s.key[FREQ][key] = f
+    s.blkf[PRIO][b] = s.glob[CLOCK] + f * s.keyf[MEAN][key]
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    return s.blkf[b][PRIO]
+    return s.blkf[PRIO][b]
+
+
+class _KeyStats:
+    """A key's statistics as a list (read-only view of the Python state's per-key fields)."""
+
+    def __init__(self, fields: list) -> None:
+        self.fields = fields
+
+    def __getitem__(self, key: object) -> list:
+        return [self.fields[FREQ][key], self.fields[MEAN][key], self.fields[CNT][key]]
 
 
 @register_policy("pgdsf")
@@ -103,7 +112,7 @@ class PGDSF(LeafPriorityPolicy):
                     float_priority=True, aging=CLOCK, layout=("par", "prompt_tokens", "offsets", "key_ids"))
     clock = property(lambda self: self.state.glob[CLOCK])
     _prio = field(PRIO)
-    _stats = property(lambda self: self.state.key)  # key -> [frequency, mean cost, computations]
+    _stats = property(lambda self: _KeyStats(self.state.key))  # key -> [frequency, mean cost, computations]
 
     def __init__(self, attention_ratio: AttentionRatio = LLAMA2_7B_ATTENTION_RATIO) -> None:
         super().__init__()

@@ -256,13 +256,15 @@ _NIN, _DIRTY, _OHEAD, _OTAIL, _CTX = range(5)
 
 
 def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
-    """The wrapper's hooks around ``inner``'s compiled hooks (which must ignore their ``params``). Not cached by
-    numba: a cached closure is keyed by its closure's contents, which do not follow changes of the inner
-    hooks' code (a stale entry crashed a sweep); the replay kernel that calls them is cached per policy."""
+    """The wrapper's hooks around ``inner``'s compiled hooks (which must ignore their ``params``). Cached by numba,
+    keyed by their closure's contents (the inner hooks): inner hooks whose code changes must change name
+    (the priority policies' do, kvlab.policies._priority._digest), or a stale entry is reused. They must be
+    cached: the replay kernel, cached on disk per policy, crashes when loaded beside another wrapper's kernel
+    if the hooks it calls were compiled in memory."""
     i_init, i_insert, i_hit, i_pin = inner.init, inner.on_insert, inner.on_hit, inner.on_pin
     i_unpin, i_victim, i_evict = inner.on_unpin, inner.victim, inner.on_evict
 
-    @nb.njit
+    @nb.njit(cache=True)
     def init(capacity, num_keys, params):
         offsets, key_ids = params
         Bt = np.full((capacity, 7), -1, np.int64)
@@ -275,7 +277,7 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         M[_CTX] = 0
         return (i_init(capacity, num_keys, np.zeros(0, np.float64)), B, K, M, offsets, key_ids)
 
-    @nb.njit
+    @nb.njit(cache=True)
     def on_insert(state, b, key, seq, pos):
         B, K, M = state[1], state[2], state[3]
         M[_CTX] = seq
@@ -288,19 +290,19 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         else:
             B[_BPAR, b] = -1
 
-    @nb.njit
+    @nb.njit(cache=True)
     def on_hit(state, b, key, seq, pos):
         state[3][_CTX] = seq
         i_hit(state[0], b, key, seq, pos)
 
-    @nb.njit
+    @nb.njit(cache=True)
     def unpark(B, K, M, b):
         """The wrapper's ``_unpark``: out of its key's group and of the parking order."""
         B[_PARKED, b] = 0
         list_unlink(B, _GNXT, _GPRV, K, _GHEAD, _GTAIL, B[_BKEY, b], b)
         list_unlink(B, _ONXT, _OPRV, M.reshape((M.shape[0], 1)), _OHEAD, _OTAIL, 0, b)  # M as one list's ends
 
-    @nb.njit
+    @nb.njit(cache=True)
     def on_pin(state, b, seq):
         B, K, M = state[1], state[2], state[3]
         M[_CTX] = seq
@@ -310,14 +312,14 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
             i_pin(state[0], b, seq)
             M[_NIN] -= 1
 
-    @nb.njit
+    @nb.njit(cache=True)
     def on_unpin(state, b, seq):
         M = state[3]
         M[_CTX] = seq
         i_unpin(state[0], b, seq)
         M[_NIN] += 1
 
-    @nb.njit
+    @nb.njit(cache=True)
     def victim(state):
         inner_state, B, K, M = state[0], state[1], state[2], state[3]
         ctx = M[_CTX]
@@ -349,7 +351,7 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         M[_NIN] += 1
         return b
 
-    @nb.njit
+    @nb.njit(cache=True)
     def on_evict(state, b):
         B, K, M = state[1], state[2], state[3]
         if B[_PARKED, b]:

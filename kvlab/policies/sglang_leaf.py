@@ -47,12 +47,12 @@ def _touch(s, b, key, pos, r):
         g[RID] = r.request_id
         g[CLOCK] += 1
     # (request clock, -position) in one int; positions below 2**31
-    s.blk[b][LAST] = (g[CLOCK] << 31) | (_POS_LIMIT - pos)
+    s.blk[LAST][b] = (g[CLOCK] << 31) | (_POS_LIMIT - pos)
 
 
 @nb.njit(cache=True)
 def _priority(s, b, r):
-    return s.blk[b][LAST]
+    return s.blk[LAST][b]
 
 
 @register_policy("sglang-leaf")

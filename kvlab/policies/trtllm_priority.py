@@ -101,20 +101,20 @@ def _assign(s, b, pos, r, insert):
     g = s.glob
     if r.time > g[NOW]:
         g[NOW] = r.time
-    par, m = s.par, s.blk[b]
+    par, level, hasdur = s.par, s.blk[LEVEL], s.blk[HASDUR]
     if par[RANGED] != 0.0:
         code = int(r.code)
         first = SETS + int(par[NSETS]) + 1
         for j in range(int(par[SETS + code]), int(par[SETS + code + 1])):
             i = first + 5 * j  # start, end (-1: none), priority, has a duration, duration
             if par[i] <= pos and (par[i + 1] < 0.0 or pos < par[i + 1]):
-                m[LEVEL] = int(par[i + 2])
-                m[HASDUR] = int(par[i + 3])
-                s.blkf[b][DUR] = par[i + 4]
+                level[b] = int(par[i + 2])
+                hasdur[b] = int(par[i + 3])
+                s.blkf[DUR][b] = par[i + 4]
                 return
     if insert:
-        m[LEVEL] = int(par[DEFAULT])
-    m[HASDUR] = 0
+        level[b] = int(par[DEFAULT])
+    hasdur[b] = 0
 
 
 @nb.njit(cache=True)
@@ -132,22 +132,21 @@ def _priority(s, b, r):
     g = s.glob
     if r.time > g[NOW]:
         g[NOW] = r.time
-    return s.blk[b][LEVEL]
+    return s.blk[LEVEL][b]
 
 
 @nb.njit(cache=True)
 def _expiry(s, b, r):
     """A non-default priority with a duration expires at release time + duration."""
-    m = s.blk[b]
-    if m[HASDUR] != 0 and m[LEVEL] != int(s.par[DEFAULT]):
-        return r.time + s.blkf[b][DUR]
+    if s.blk[HASDUR][b] != 0 and s.blk[LEVEL][b] != int(s.par[DEFAULT]):
+        return r.time + s.blkf[DUR][b]
     return np.inf
 
 
 @nb.njit(cache=True)
 def _expire(s, b):
     d = int(s.par[DEFAULT])
-    s.blk[b][LEVEL] = d
+    s.blk[LEVEL][b] = d
     return d
 
 
