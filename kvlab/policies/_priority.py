@@ -367,7 +367,7 @@ class PriorityPolicy(HeapPolicy):
         self._pk = [0] * n if spec.aging is not None else None
         self._by_key: dict | None = {} if spec.by_key else None  # key -> its evictable block(s), unpin order
         self._expiries: list[tuple] = []  # (expiry, stamp, block_id) of evictable blocks
-        self._expiring = spec.expiry is not None
+        self._expiring, self._refreshing = spec.expiry is not None, spec.refresh is not None
         self._ctx: AccessContext | None = None
         self._code = 0.0
         self._r = _Req(float("nan"), -1, -1, 0)
@@ -492,7 +492,8 @@ class PriorityPolicy(HeapPolicy):
         super().on_pin(block, ctx)
 
     def _victim_general(self) -> KVBlock:
-        self._f_refresh(self.state)
+        if self._refreshing:
+            self._f_refresh(self.state)
         expiries = self._expiries
         if expiries:
             stamp, now = self._stamp, self.state.glob[self.spec.now]
