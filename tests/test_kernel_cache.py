@@ -131,3 +131,32 @@ def test_hooks_without_a_source_file_compile_in_memory():
                             nothing, nb.njit(lambda s: 0), nb.njit(lambda s, b: None))
     kernel, extra = kernel_for(policy)
     assert kernel is replay_kernel and extra == policy.kernel_hooks
+
+
+WRAPPERS = """
+import sys
+from kvlab.replay import replay
+from kvlab.workload.workload import from_lists
+
+w = from_lists([[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9], [7, 7, 7, 7], [1, 2, 3, 4, 5, 6], [1, 2, 8, 8]])
+for policy in sys.argv[1:]:
+    print(policy, replay(w, capacity_blocks=3, block_size=2, policy=policy).requests["hit_blocks"].tolist())
+"""
+
+
+def test_two_wrapper_kernels_cached_by_different_processes_load_in_one(tmp_path):
+    """prefix-aware (inner lru) and prefix-aware-lfu wrap their inner hooks in closures of one function:
+    compiled in two processes, they must not export the same symbol (a process loading both from the disk
+    cache crashed, exit -11)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop("KVLAB_KERNEL_CACHE", None)
+
+    def run(*policies: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", WRAPPERS, *policies], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (policies, proc.returncode, proc.stderr[-2000:])
+        return proc.stdout.splitlines()
+
+    run("lru", "lfu")  # the inner hooks cached first, as in a test session
+    alone = run("prefix-aware") + run("prefix-aware-lfu")
+    assert run("prefix-aware", "prefix-aware-lfu") == alone

@@ -263,8 +263,17 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
     if the hooks it calls were compiled in memory."""
     i_init, i_insert, i_hit, i_pin = inner.init, inner.on_insert, inner.on_hit, inner.on_pin
     i_unpin, i_victim, i_evict = inner.on_unpin, inner.victim, inner.on_evict
+    inner_label = "".join(c if c.isalnum() else "_" for c in f"{i_victim.py_func.__module__}_{i_victim.__name__}")
 
-    @nb.njit(cache=True)
+    def jit(fn: Any) -> Any:
+        """njit, cached, under a name of its own per inner policy: numba names a function's machine code
+        by qualified name and a per-process counter, so the wrappers of two inner policies compiled in two
+        processes would export the same symbol, and a process loading both kernels from the disk cache
+        would link one wrapper's calls to the other's functions (a crash)."""
+        fn.__qualname__ = f"prefix_aware_{inner_label}.{fn.__name__}"
+        return nb.njit(cache=True)(fn)
+
+    @jit
     def init(capacity, num_keys, params):
         offsets, key_ids = params
         Bt = np.full((capacity, 7), -1, np.int64)
@@ -277,7 +286,7 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         M[_CTX] = 0
         return (i_init(capacity, num_keys, np.zeros(0, np.float64)), B, K, M, offsets, key_ids)
 
-    @nb.njit(cache=True)
+    @jit
     def on_insert(state, b, key, seq, pos):
         B, K, M = state[1], state[2], state[3]
         M[_CTX] = seq
@@ -290,19 +299,19 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         else:
             B[_BPAR, b] = -1
 
-    @nb.njit(cache=True)
+    @jit
     def on_hit(state, b, key, seq, pos):
         state[3][_CTX] = seq
         i_hit(state[0], b, key, seq, pos)
 
-    @nb.njit(cache=True)
+    @jit
     def unpark(B, K, M, b):
         """The wrapper's ``_unpark``: out of its key's group and of the parking order."""
         B[_PARKED, b] = 0
         list_unlink(B, _GNXT, _GPRV, K, _GHEAD, _GTAIL, B[_BKEY, b], b)
         list_unlink(B, _ONXT, _OPRV, M.reshape((M.shape[0], 1)), _OHEAD, _OTAIL, 0, b)  # M as one list's ends
 
-    @nb.njit(cache=True)
+    @jit
     def on_pin(state, b, seq):
         B, K, M = state[1], state[2], state[3]
         M[_CTX] = seq
@@ -312,14 +321,14 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
             i_pin(state[0], b, seq)
             M[_NIN] -= 1
 
-    @nb.njit(cache=True)
+    @jit
     def on_unpin(state, b, seq):
         M = state[3]
         M[_CTX] = seq
         i_unpin(state[0], b, seq)
         M[_NIN] += 1
 
-    @nb.njit(cache=True)
+    @jit
     def victim(state):
         inner_state, B, K, M = state[0], state[1], state[2], state[3]
         ctx = M[_CTX]
@@ -351,7 +360,7 @@ def _compiled_twin(inner: CompiledPolicy) -> CompiledPolicy:
         M[_NIN] += 1
         return b
 
-    @nb.njit(cache=True)
+    @jit
     def on_evict(state, b):
         B, K, M = state[1], state[2], state[3]
         if B[_PARKED, b]:
