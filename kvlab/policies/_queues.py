@@ -1,12 +1,8 @@
 """Ordered queues shared by the classic policies (not a policy: the package skips ``_`` modules).
 
-* :class:`KeyedQueue` (Python): the evictable blocks ordered by a numeric key, smallest first and equal
-  keys in push order (deterministic), in a heap with lazy deletion. O(log n) per event.
-* :class:`BucketQueue` (Python): the same order for integer keys, one bucket per key; O(1) per event
-  but when a key gets its first block.
 * ``heap_*`` (numba): an *indexed* binary min-heap over block ids ordered by two int64 keys; removal
-  of any member is O(log n). Keyed by (key, push stamp) it gives a KeyedQueue's or BucketQueue's
-  order, which keeps compiled twins hit for hit equal to their Python classes.
+  of any member is O(log n). Keyed by (key, push stamp) it gives the order of the Python core's
+  ``kvlab.policies._heap`` queues, which keeps compiled hooks hit for hit equal to the Python core.
 * ``fq_*`` (numba): FIFO queues whose pinned members keep their place, O(1) per event but for the
   rare parked block (O(log n)): fifo, s3fifo and 2q.
 * ``dl_*`` (numba): doubly linked lists with sentinels.
@@ -17,135 +13,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from heapq import heapify, heappop, heappush
-
 import numba as nb
 import numpy as np
-
-from kvlab.cache.block import KVBlock
-
-
-class KeyedQueue:
-    """Evictable blocks ordered by ``(key, push stamp)``: smallest key first, equal keys in push order.
-
-    Heap entries are flat ``(key, stamp, block_id)`` tuples (``key`` an int or float), ``stamp`` unique
-    per push; an entry is live while ``_entry[bid]`` still holds its ``(key, stamp)``. Invariant:
-    ``len(self)`` is the number of evictable members. A pinned member's entry stays in the heap (it is
-    dropped when it reaches the top); unpinning pushes a new one.
-    """
-
-    __slots__ = ("_clock", "_entry", "_heap", "_live")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple] = []
-        self._entry: dict[int, tuple] = {}
-        self._live: dict[int, KVBlock] = {}
-        self._clock = 0
-
-    def push(self, block: KVBlock, key: float) -> None:
-        """``block`` is evictable with ``key``, after every block already pushed with an equal key."""
-        bid = block.block_id
-        self._live[bid] = block
-        s = self._clock
-        self._clock = s + 1
-        self._entry[bid] = (key, s)
-        heap = self._heap
-        heappush(heap, (key, s, bid))
-        if len(heap) > 2 * len(self._entry) + 1024:
-            self._heap = [(k, st, b) for b, (k, st) in self._entry.items()]
-            heapify(self._heap)
-
-    def pin(self, bid: int) -> None:
-        """Take a member out of the candidates, keeping its entry (and so its place)."""
-        del self._live[bid]
-
-    def remove(self, bid: int) -> None:
-        """Forget a member (evicted, removed or moved to another queue)."""
-        self._live.pop(bid, None)
-        self._entry.pop(bid, None)
-
-    def first(self) -> KVBlock | None:
-        """The evictable member with the smallest ``(key, stamp)``, or None."""
-        heap, entry, live = self._heap, self._entry, self._live
-        while heap:
-            _, s, bid = heap[0]
-            e = entry.get(bid)
-            if e is not None and e[1] == s:
-                block = live.get(bid)
-                if block is not None:
-                    return block
-                del entry[bid]  # pinned: its entry leaves the heap, push() makes a new one
-            heappop(heap)
-        return None
-
-    def __contains__(self, bid: int) -> bool:
-        return bid in self._live
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-
-class BucketQueue:
-    """Evictable blocks ordered by an integer key, equal keys in push order: one insertion-ordered bucket
-    per key and a heap of the keys in use. O(1) per event but when a key gets its first block (O(log n)).
-
-    Gives the same order as a :class:`KeyedQueue` with integer keys. Invariants: ``_where[bid]`` is the
-    key of each member; every non-empty bucket's key is in ``_keys`` (``_in_heap`` mirrors the heap;
-    keys of emptied buckets are dropped when they reach the top).
-    """
-
-    __slots__ = ("_buckets", "_in_heap", "_keys", "_where")
-
-    def __init__(self) -> None:
-        self._where: dict[int, int] = {}
-        self._buckets: dict[int, OrderedDict[int, KVBlock]] = {}
-        self._keys: list[int] = []
-        self._in_heap: set[int] = set()
-
-    def push(self, block: KVBlock, key: int) -> None:
-        """Add ``block`` (not a member) as the last of ``key``."""
-        bid = block.block_id
-        self._where[bid] = key
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = OrderedDict()
-            if key not in self._in_heap:
-                self._in_heap.add(key)
-                heappush(self._keys, key)
-        bucket[bid] = block
-
-    def remove(self, bid: int) -> None:
-        """Drop a member (pinned, evicted or removed)."""
-        key = self._where.pop(bid)
-        bucket = self._buckets[key]
-        del bucket[bid]
-        if not bucket:
-            del self._buckets[key]
-
-    def first(self) -> KVBlock:
-        """The first block of the smallest key (the queue must not be empty)."""
-        keys, buckets = self._keys, self._buckets
-        while True:
-            bucket = buckets.get(keys[0])
-            if bucket:
-                return next(iter(bucket.values()))
-            self._in_heap.discard(heappop(keys))
-
-    def __contains__(self, bid: int) -> bool:
-        return bid in self._where
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-
-# ---------------------------------------------------------------------- numba helpers
-# Compiled state lives in a few 2-D int64 arrays (one row per per-block field) plus a meta vector ``M``:
-# numba increments and decrements the reference count of every array a hook unpacks or passes on, so
-# few arrays keep hooks cheap. Helpers take the array, the row numbers and meta slots they use.
-#
-# Indexed heap: rows ``H`` (slots), ``P`` (slot of each block, -1 if absent), keys ``K1``, ``K2``;
-# size in ``M[N]``; order ``(B[K1, b], B[K2, b])``, smallest first.
 
 
 @nb.njit(cache=True)
