@@ -7,6 +7,8 @@ Input: a requests frame with at least ``prompt_tokens``, ``hit_tokens``, ``full_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -62,3 +64,312 @@ def breakdown(requests: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
         row.update(dict(zip([by] if isinstance(by, str) else by, keys, strict=True)))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- the vocabulary
+#: The drivers, as ``manifest.json`` names them (``engine-serving``: :func:`kvlab.sim.run_engine_serving`, the
+#: real engine behind the simulator's scheduler, with the simulator's columns).
+DRIVERS: tuple[str, ...] = ("replay", "simulator", "engine", "engine-serving")
+
+#: Every unit a table entry may have. ``fraction``: a share in [0, 1]; ``ratio`` / ``factor``: dimensionless,
+#: unbounded; ``count``: events or things that are not tokens, blocks or requests; ``index`` / ``id``: integer
+#: positions and identifiers; ``bool``: a flag; ``label``: a string (a config echo); ``logit`` and
+#: ``K/V value``: differences in logits and in K/V tensor elements.
+UNITS: tuple[str, ...] = (
+    "tokens", "blocks", "requests", "s", "tokens/s", "requests/s", "blocks/s", "blocks/request", "bytes",
+    "FLOPs", "fraction", "ratio", "factor", "count", "index", "id", "bool", "label", "logit", "K/V value",
+)
+
+ALL = DRIVERS
+SERVING = ("simulator", "engine-serving")
+ENGINES = ("engine", "engine-serving")
+TIMED = ("simulator", "engine", "engine-serving")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One name of the vocabulary: its ``unit`` (one of :data:`UNITS`), a one-line ``definition`` and the
+    ``drivers`` (of :data:`DRIVERS`) whose results can contain it (some only with an option the definition names)."""
+
+    name: str
+    unit: str
+    definition: str
+    drivers: tuple[str, ...]
+
+
+def _table(*metrics: Metric) -> dict[str, Metric]:
+    table = {m.name: m for m in metrics}
+    if len(table) != len(metrics):
+        raise ValueError("a name is defined twice in one table")
+    return table
+
+
+def _m(name: str, unit: str, definition: str, drivers: tuple[str, ...] = ALL) -> Metric:
+    return Metric(name, unit, definition, tuple(drivers))
+
+
+#: ``summary.json`` keys: name -> :class:`Metric`. Sums, means and percentiles are over the run's requests
+#: (``requests.parquet`` rows) unless a definition says otherwise.
+METRICS: dict[str, Metric] = _table(
+    # kvlab.metrics.summarize: every driver
+    _m("requests", "requests", "requests in the run (rows of requests.parquet)"),
+    _m("prompt_tokens", "tokens", "Σ prompt tokens"),
+    _m("reused_tokens", "tokens", "Σ hit_tokens: prompt tokens served from the cache"),
+    _m("token_hit_rate", "fraction", "Σ hit tokens / Σ prompt tokens (vLLM prefix_cache_hits / prefix_cache_queries)"),
+    _m("block_hit_rate", "fraction", "Σ hit blocks / Σ full prompt blocks"),
+    _m("request_hit_rate", "fraction", "share of requests with ≥ 1 hit block"),
+    _m("mean_request_hit_rate", "fraction", "mean over requests with a prompt of hit tokens / prompt tokens"),
+    _m("evictions", "blocks", "Σ evictions column (keyed blocks evicted; see requests.parquet for when each counts)"),
+    _m("eviction_rate_per_request", "blocks/request", "evictions / requests"),
+    _m("eviction_rate_per_s", "blocks/s",
+       "evictions / duration: first to last arrival in trace time (replay, engine) or makespan_s (serving)"),
+    _m("ideal_hit_rate", "fraction", "Σ ideal_hit_tokens / Σ prompt tokens: token hit rate with unbounded capacity"),
+    _m("ideal_mean_request_hit_rate", "fraction",
+       "mean over requests with a prompt of ideal_hit_tokens / prompt tokens"),
+    _m("rejected_requests", "requests",
+       "requests never admitted: replay and engine, admitted = False; serving, rejected at arrival (never fits)"),
+    _m("collisions", "blocks", "Σ key hits refused because the block held other content (replay verify=True)",
+       ("replay",)),
+    _m("orphan_evictions", "blocks", "Σ blocks evicted while orphaned (an ancestor block not cached)"),
+    _m("mean_orphan_blocks", "blocks", "mean of the orphan_blocks column"),
+    _m("mean_occupancy", "fraction", "mean of the cached_blocks column / capacity_blocks"),
+    _m("final_cached_blocks", "blocks", "the cached_blocks column's last row (trace order)"),
+    # configuration echoes
+    _m("capacity_blocks", "blocks", "cache capacity in usable blocks (simulator: per instance, sized from the "
+       "profiles unless given; engine-serving: the engine's pool unless given)"),
+    _m("capacity_bytes", "bytes", "the engine's KV pool: capacity_blocks × kv_bytes_per_block", ("engine",)),
+    _m("block_size", "tokens", "tokens per block"),
+    _m("policy", "label", "eviction policy name"),
+    _m("mode", "label", "counting mode: vllm (the last prompt token is recomputed) or ideal (replay only)",
+       ("replay", "engine")),
+    _m("hash", "label", "block-key hasher label: scheme plus deviations, /unsafe for unsafe keys",
+       ("replay", "engine")),
+    _m("backend", "label", "the replay core that ran: compiled (numba kernel) or python", ("replay",)),
+    _m("cache_at", "label", "when a computed block becomes findable: schedule (in the step that computes it) or "
+       "compute (after it)", SERVING),
+    _m("model", "label", "cost-model profile name of the served model", SERVING),
+    _m("hardware", "label", "hardware profile name (engine-serving: the engine's torch device)", SERVING),
+    _m("tensor_parallel", "count", "tensor-parallel degree: devices per instance", SERVING),
+    _m("instances", "count", "serving instances (data parallel, one pool and scheduler each)", SERVING),
+    _m("router", "label", "how requests are assigned to instances: prefix or round_robin", SERVING),
+    _m("calibration", "label", "cost model's hardware factors: calibrated or uncalibrated (engine-serving: measured)",
+       SERVING),
+    _m("cost_model", "label", "model@hardware[xTP], /uncalibrated when not fitted (engine-serving: "
+       "measured:model@device)", SERVING),
+    _m("time_scale", "factor", "factor applied to the trace's arrival times (given, or derived from rate)", SERVING),
+    _m("rate", "requests/s", "mean arrival rate after scaling: (requests − 1) / (last − first arrival); null with "
+       "one arrival time", SERVING),
+    _m("model_id", "label", "the engine model's id (the hasher's model id; random models: random:shape:seedN)",
+       ("engine",)),
+    _m("engine_model_id", "label", "the engine model's id (the hasher's model id of the engine)", ("engine-serving",)),
+    _m("device", "label", "torch device the engine ran on", ENGINES),
+    _m("dtype", "label", "dtype of the engine's KV pool", ("engine",)),
+    _m("executor", "label", "what ran the scheduler's steps: engine", ("engine-serving",)),
+    _m("timer", "label", "time base of the engine's clock: wall or thread (this thread's CPU time)",
+       ("engine-serving",)),
+    # replay
+    _m("block_lookups", "blocks", "full prompt blocks of the trace, i.e. keys looked up at most (Σ full_blocks)",
+       ("replay",)),
+    _m("replay_seconds", "s", "wall time of the replay loop (compilation excluded)", ("replay",)),
+    _m("compile_seconds", "s", "wall time of the compiled kernel's warm-up and compilation (python backend: 0)",
+       ("replay",)),
+    # latency and throughput (simulator, engine)
+    _m("ttft_p50_s", "s", "median of ttft_s over admitted requests", TIMED),
+    _m("ttft_p90_s", "s", "90th percentile of ttft_s over admitted requests", TIMED),
+    _m("ttft_p99_s", "s", "99th percentile of ttft_s over admitted requests", TIMED),
+    _m("ttft_mean_s", "s", "mean of ttft_s over admitted requests", TIMED),
+    _m("tpot_p50_s", "s", "median of tpot_s over admitted requests with ≥ 2 output tokens", SERVING),
+    _m("tpot_p90_s", "s", "90th percentile of tpot_s over admitted requests with ≥ 2 output tokens", SERVING),
+    _m("tpot_p99_s", "s", "99th percentile of tpot_s over admitted requests with ≥ 2 output tokens", SERVING),
+    _m("latency_p50_s", "s", "median of latency_s over admitted requests", SERVING),
+    _m("prefill_throughput", "tokens/s", "tokens computed in prefill (hits excluded; serving: recomputation included) "
+       "/ prefill_busy_s", TIMED),
+    _m("effective_prefill_throughput", "tokens/s", "Σ prompt tokens of admitted requests (hits included) / "
+       "prefill_busy_s", TIMED),
+    _m("decode_throughput", "tokens/s", "Σ decode_steps / decode_busy_s", ("engine",)),
+    _m("output_throughput", "tokens/s", "Σ output tokens of admitted requests (0 served as 1) / makespan_s", SERVING),
+    _m("request_throughput", "requests/s", "admitted requests / makespan_s", SERVING),
+    _m("makespan_s", "s", "latest finish − first arrival, on the driver's clock", SERVING),
+    _m("busy_s", "s", "time the executor ran steps, summed over instances (device-seconds)", SERVING),
+    _m("prefill_busy_s", "s", "time spent on prefill: serving, each step's time × its prefill tokens' share; "
+       "engine, Σ prefill_s", TIMED),
+    _m("decode_busy_s", "s", "Σ decode_s of admitted requests", ("engine",)),
+    _m("utilization", "fraction", "busy_s / (makespan_s × instances)", SERVING),
+    _m("preemptions", "count", "recompute preemptions (Σ preemptions column)", SERVING),
+    _m("readmission_hit_tokens", "tokens", "Σ readmission_hit_tokens of admitted requests", SERVING),
+    _m("recomputed_tokens", "tokens", "Σ over admitted requests of computed_tokens − (prompt − hit tokens) − "
+       "(output − 1): work redone after preemption", SERVING),
+    _m("computed_tokens", "tokens", "Σ computed_tokens of admitted requests (prompt tokens run through the model)",
+       ("engine",)),
+    _m("generated_tokens", "tokens", "Σ generated_tokens (first token included)", ("engine",)),
+    _m("decode_truncated", "requests", "requests whose decode stopped early for want of a free block", ("engine",)),
+    _m("false_hit_blocks", "blocks", "Σ hit blocks whose true identity differs: wrong reuse", ("engine",)),
+    _m("saved_prefill_flops", "FLOPs", "prefill FLOPs the hits of admitted requests avoided (model profile; "
+       "attention over the cached context still costs)", SERVING),
+    # memory and tiers
+    _m("kv_bytes_per_token", "bytes", "2 × layers × kv_heads × head_dim × bytes per value (serving: the model "
+       "profile, which may override it; engine: the pool layout)", TIMED),
+    _m("kv_bytes_per_block", "bytes", "kv_bytes_per_token × block_size", TIMED),
+    _m("kv_memory_peak_running_blocks", "blocks", "largest kv_running_blocks of any step (the largest instance's)",
+       SERVING),
+    _m("kv_memory_mean_running_blocks", "blocks", "kv_running_blocks averaged over step time, mean over instances",
+       SERVING),
+    _m("kv_memory_peak_running_bytes", "bytes", "kv_memory_peak_running_blocks × kv_bytes_per_block", SERVING),
+    _m("kv_memory_final_cached_blocks", "blocks", "kv_cached_blocks of each instance's last step, summed over "
+       "instances", SERVING),
+    _m("max_kv_bytes_in_use", "bytes", "largest kv_bytes_in_use of any request", ("engine",)),
+    _m("peak_device_memory_bytes", "bytes", "torch.cuda.max_memory_allocated on the engine's device (CUDA only)",
+       ("engine",)),
+    _m("tier_hits_hbm", "blocks", "blocks hit in HBM by admitted requests, first admissions and re-admissions",
+       SERVING),
+    _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block: KV bytes the HBM hits served in place",
+       SERVING),
+    # run statistics
+    _m("steps", "count", "model steps executed, fast-forwarded ones included, summed over instances", SERVING),
+    _m("iterations", "count", "scheduler iterations (a fast-forwarded run counts once), summed over instances",
+       SERVING),
+    _m("forward_calls", "count", "model forward calls the engine executor made", ("engine-serving",)),
+    _m("sim_seconds", "s", "wall time of the driver's serving loop (engine-serving: equals wall_seconds)", SERVING),
+    _m("wall_seconds", "s", "wall time of serving the whole trace", ENGINES),
+    # the oracle (engine verify=True)
+    _m("verified_requests", "requests", "requests the oracle checked: every admitted one (verify=True)", ("engine",)),
+    _m("verify_failures", "requests", "verified requests whose verify_passed is False (verify=True)", ("engine",)),
+    _m("verify_pass_rate", "fraction", "share of verified requests that passed, 1 when none (verify=True)",
+       ("engine",)),
+    _m("verify_max_logit_abs", "logit", "largest verify_logit_max_abs (verify=True)", ("engine",)),
+    _m("verify_max_logit_rel", "ratio", "largest verify_logit_rel (verify=True)", ("engine",)),
+    _m("verify_max_kv_abs", "K/V value", "largest verify_kv_max_abs (verify=True)", ("engine",)),
+    _m("verify_argmax_agreement", "fraction", "share of verified requests with a clear margin whose argmax agrees, "
+       "1 when none is clear (verify=True)", ("engine",)),
+    _m("verify_greedy_agreement", "fraction", "mean of verify_greedy_agree / verify_greedy_k (verify=True)",
+       ("engine",)),
+)
+
+#: ``requests.parquet`` columns (one row per request, trace order): name -> :class:`Metric`.
+COLUMNS: dict[str, Metric] = _table(
+    _m("request_id", "id", "the request's id in the trace (default: its row)"),
+    _m("arrival", "s", "arrival time: trace seconds (replay, engine) or after time_scale / rate (serving)"),
+    _m("prompt_tokens", "tokens", "prompt length"),
+    _m("output_tokens", "tokens", "output length the trace gives (0: unknown; serving serves at least 1)"),
+    _m("full_blocks", "blocks", "full prompt blocks: prompt_tokens // block_size"),
+    _m("hit_blocks", "blocks", "prompt blocks found in the cache at (first) admission"),
+    _m("hit_tokens", "tokens", "min(hit_blocks × block_size, prompt_tokens)"),
+    _m("new_blocks", "blocks", "blocks allocated, partial one included: replay, at admission; engine, in prefill; "
+       "serving, over the request's life"),
+    _m("evictions", "blocks", "keyed blocks evicted to allocate new_blocks (same span as new_blocks)"),
+    _m("orphan_evictions", "blocks", "those of evictions that were orphaned (an ancestor block not cached)"),
+    _m("admitted", "bool", "admitted: replay and engine, its prompt fit; serving, admitted at least once"),
+    _m("cached_blocks", "blocks", "blocks holding a key: replay and engine, after the request's release; serving, "
+       "right after its first admission"),
+    _m("orphan_blocks", "blocks", "cached blocks unreachable because an ancestor is not cached, when cached_blocks "
+       "is taken"),
+    _m("ideal_hit_tokens", "tokens", "hit tokens with unbounded capacity, same counting mode (serving: output "
+       "blocks of earlier token-trace requests count too)"),
+    _m("session", "id", "session id from the trace (when it has one)", ALL),
+    _m("turn", "index", "1-based turn in its session, -1 unknown (when the trace has it)", ALL),
+    _m("tenant", "label", "tenant from the trace (when it has one)", ALL),
+    _m("category", "label", "request type from the trace (when it has one)", ALL),
+    _m("adapter", "label", "adapter (LoRA) id from the trace (when it has one)", ("engine",)),
+    _m("collisions", "blocks", "key hits refused because the block held other content (verify=True)", ("replay",)),
+    _m("instance", "index", "serving instance the router assigned (instances > 1)", ("simulator",)),
+    # serving
+    _m("admitted_s", "s", "time of the first admission", SERVING),
+    _m("first_token_s", "s", "time the first token was sampled", SERVING),
+    _m("finished_s", "s", "time the last token was sampled", SERVING),
+    _m("ttft_s", "s", "time to first token: serving, first_token_s − arrival (queueing + prefill); engine, wall "
+       "seconds of the prefill call (nothing queues); NaN if not admitted", TIMED),
+    _m("tpot_s", "s", "time per output token after the first: serving, (finished_s − first_token_s) / (output − 1); "
+       "engine, decode_s / decode_steps; NaN without decode", TIMED),
+    _m("latency_s", "s", "finished_s − arrival", SERVING),
+    _m("queue_s", "s", "admitted_s − arrival", SERVING),
+    _m("preemptions", "count", "times the request was preempted (recompute)", SERVING),
+    _m("readmission_hit_blocks", "blocks", "blocks hit at re-admissions after preemption, summed", SERVING),
+    _m("readmission_hit_tokens", "tokens", "readmission_hit_blocks × block_size", SERVING),
+    _m("computed_prompt_tokens", "tokens", "tokens computed at prompt positions, recomputation included", SERVING),
+    _m("prefill_tokens", "tokens", "tokens computed in prefill chunks (until a token is sampled after an admission)",
+       SERVING),
+    _m("computed_tokens", "tokens", "tokens run through the model: engine, the prompt's uncached part (prompt_tokens "
+       "− hit_tokens); serving, every token incl. decode and recomputation", TIMED),
+    _m("rejected", "bool", "rejected at arrival: an empty prompt, or its whole sequence never fits the pool",
+       SERVING),
+    # engine
+    _m("false_hit_blocks", "blocks", "hit blocks whose true identity (chained sha256, all extras) differs: wrong "
+       "reuse", ("engine",)),
+    _m("prefill_s", "s", "wall seconds of the prefill call (0 if not admitted)", ("engine",)),
+    _m("lookup_s", "s", "prefill phase: hashing, lookup and allocation (evictions included)", ("engine",)),
+    _m("gather_s", "s", "prefill phase: hit blocks, pool → working cache", ("engine",)),
+    _m("forward_s", "s", "prefill phase: the model on the uncached suffix", ("engine",)),
+    _m("scatter_s", "s", "prefill phase: new K/V, working cache → pool, and keying", ("engine",)),
+    _m("prefill_tokens_per_s", "tokens/s", "computed_tokens / prefill_s (0 if not admitted)", ("engine",)),
+    _m("kv_blocks_in_use", "blocks", "pool blocks held by running requests right after this prefill", ("engine",)),
+    _m("kv_bytes_in_use", "bytes", "kv_blocks_in_use × kv_bytes_per_block", ("engine",)),
+    _m("kv_bytes_cached", "bytes", "cached_blocks × kv_bytes_per_block", ("engine",)),
+    _m("generated_tokens", "tokens", "tokens emitted, the first one included", ("engine",)),
+    _m("decode_steps", "count", "decode steps run (one token each)", ("engine",)),
+    _m("decode_s", "s", "wall seconds of the decode steps", ("engine",)),
+    _m("decode_blocks", "blocks", "blocks allocated during decode", ("engine",)),
+    _m("decode_evictions", "blocks", "keyed blocks evicted during decode", ("engine",)),
+    _m("decode_truncated", "bool", "decode stopped early for want of a free block", ("engine",)),
+    # the oracle, verify=True (kvlab.engine.verify.VerifyReport)
+    _m("verify_logit_max_abs", "logit", "max |cached − reference| logit at the last prompt position (verify=True)",
+       ("engine",)),
+    _m("verify_logit_rel", "ratio", "verify_logit_max_abs / max |reference logit| (verify=True)", ("engine",)),
+    _m("verify_logit_allowed", "logit", "allowed logit error: atol + rtol × max |reference logit| (verify=True)",
+       ("engine",)),
+    _m("verify_kv_max_abs", "K/V value", "max |pool K/V − reference K/V| over every prompt slot (verify=True)",
+       ("engine",)),
+    _m("verify_kv_rel", "ratio", "verify_kv_max_abs / max |reference K/V| (verify=True)", ("engine",)),
+    _m("verify_kv_allowed", "K/V value", "allowed K/V error: atol + rtol × max |reference K/V| (verify=True)",
+       ("engine",)),
+    _m("verify_ref_margin", "logit", "reference top-1 − top-2 logit (verify=True)", ("engine",)),
+    _m("verify_argmax_clear", "bool", "the reference margin exceeds margin_factor × the allowed logit error "
+       "(verify=True)", ("engine",)),
+    _m("verify_argmax_match", "bool", "cached and reference top-1 tokens agree (verify=True)", ("engine",)),
+    _m("verify_greedy_k", "tokens", "greedy tokens compared (verify_tokens; verify=True)", ("engine",)),
+    _m("verify_greedy_agree", "tokens", "leading greedy tokens that agree (verify=True)", ("engine",)),
+    _m("verify_greedy_ok", "bool", "all greedy tokens agree, or the first mismatch had an unclear margin "
+       "(verify=True)", ("engine",)),
+    _m("verify_passed", "bool", "logits, K/V, argmax and greedy all within tolerance (verify=True)", ("engine",)),
+)
+
+#: ``timeseries.parquet`` columns (serving drivers; one row per step or fast-forwarded run): name -> :class:`Metric`.
+TIMESERIES: dict[str, Metric] = _table(
+    _m("instance", "index", "serving instance (0-based)", SERVING),
+    _m("step", "index", "index of the row's first model step", SERVING),
+    _m("time_s", "s", "clock time at the row's start", SERVING),
+    _m("duration_s", "s", "duration of the row's steps", SERVING),
+    _m("num_steps", "count", "model steps in the row (> 1: a fast-forwarded run of identical decode steps)",
+       SERVING),
+    _m("running", "requests", "running requests after the row", SERVING),
+    _m("waiting", "requests", "waiting requests after the row's scheduling", SERVING),
+    _m("batch_seqs", "requests", "sequences per step", SERVING),
+    _m("batch_tokens", "tokens", "tokens per step", SERVING),
+    _m("prefill_tokens", "tokens", "prefill tokens over the row's steps", SERVING),
+    _m("decode_tokens", "tokens", "decode tokens over the row's steps (batch_tokens × num_steps = prefill + decode)",
+       SERVING),
+    _m("kv_running_blocks", "blocks", "blocks held by running requests during the row", SERVING),
+    _m("kv_cached_blocks", "blocks", "blocks holding a key during the row", SERVING),
+    _m("kv_evictable_blocks", "blocks", "cached blocks no running request holds, during the row", SERVING),
+    _m("evictions", "blocks", "keyed blocks evicted in the row", SERVING),
+    _m("preemptions", "count", "preemptions in the row", SERVING),
+    _m("admissions", "requests", "requests admitted in the row", SERVING),
+    _m("finished", "requests", "requests finished in the row", SERVING),
+    _m("tier_hits_hbm", "blocks", "blocks hit in HBM at the row's admissions", SERVING),
+    _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block", SERVING),
+    _m("kv_running_bytes", "bytes", "kv_running_blocks × kv_bytes_per_block", SERVING),
+)
+
+TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "requests.parquet": COLUMNS,
+                                        "timeseries.parquet": TIMESERIES}
+
+
+def metrics_markdown() -> str:
+    """The tables of :data:`TABLES` in markdown (docs/metrics.md, between its markers), one section per file."""
+    out = []
+    for file, table in TABLES.items():
+        out += [f"### `{file}`", "", "| name | unit | definition | drivers |", "|---|---|---|---|"]
+        for m in table.values():
+            definition = m.definition.replace("|", "\\|")
+            out.append(f"| `{m.name}` | {m.unit} | {definition} | {', '.join(m.drivers)} |")
+        out.append("")
+    return "\n".join(out)
