@@ -59,7 +59,7 @@ def run_threads(threads: int, args: argparse.Namespace) -> tuple[pd.DataFrame, p
     """The engine and (unless ``--no-hf``) the transformers baselines with ``threads`` torch threads."""
     torch.set_num_threads(threads)
     model = build_random_model(args.shape, seed=args.seed)
-    engine = Engine(model, num_blocks=sweep_blocks(args.prompt_tokens, args.block_size, args.hits),
+    engine = Engine(model, capacity_blocks=sweep_blocks(args.prompt_tokens, args.block_size, args.hits),
                     block_size=args.block_size, num_threads=threads)
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     rows = run_sweep(engine, args.prompt_tokens, args.hits, repeats=args.repeats, seed=args.seed,

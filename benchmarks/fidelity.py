@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
 
     model = build_random_model(args.shape, seed=0, device=device, dtype=args.dtype)
-    engine = Engine(model, num_blocks=max(args.capacity_blocks, 160), block_size=args.block_size,
+    engine = Engine(model, capacity_blocks=max(args.capacity_blocks, 160), block_size=args.block_size,
                     num_threads=args.threads if device.type == "cpu" else None)
-    print(f"engine: {engine.model_id} on {device}, {engine.num_blocks} pool blocks of {args.block_size}, "
+    print(f"engine: {engine.model_id} on {device}, {engine.capacity_blocks} pool blocks of {args.block_size}, "
           f"timer {timer}, torch threads {torch.get_num_threads()}")
 
     wl = held_out_trace(args.requests, engine.vocab_size, seed=args.seed, max_output=args.max_output,

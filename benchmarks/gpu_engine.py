@@ -160,7 +160,7 @@ def main() -> None:
                      "build_s": build_s, "peak_flops": peak, "peak_source": peak_source,
                      "flop_model": flops.to_dict(), "sweeps": []}
     for p in lengths:
-        engine = Engine(model, num_blocks=sweep_blocks(p, args.block_size, args.hits), block_size=args.block_size,
+        engine = Engine(model, capacity_blocks=sweep_blocks(p, args.block_size, args.hits), block_size=args.block_size,
                         device=device, num_threads=threads)
         t1 = time.perf_counter()
         rows = run_sweep(engine, p, args.hits, repeats=repeats, warmup=warmup, seed=args.seed, verify=True,
@@ -176,7 +176,7 @@ def main() -> None:
             torch.cuda.empty_cache()
 
     doc = 64 if args.tiny else 1024
-    engine = Engine(model, num_blocks=-(-(doc + 16) // args.block_size) * 8 + 8, block_size=args.block_size,
+    engine = Engine(model, capacity_blocks=-(-(doc + 16) // args.block_size) * 8 + 8, block_size=args.block_size,
                     device=device, num_threads=threads)
     res = engine.run(verify_workload(engine.vocab_size, doc, 4, args.seed), verify=True, verify_tokens=4)
     f, s = res.requests, res.summary

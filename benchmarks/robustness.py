@@ -1088,7 +1088,7 @@ STATS_VALUES = [
 ]
 
 CAL_VALUES = [
-    ("--num-blocks", "0", "E"), ("--repeats", "0", "E"), ("--block-size", "0", "E"), ("--threads", "0", "E"),
+    ("--capacity-blocks", "0", "E"), ("--repeats", "0", "E"), ("--block-size", "0", "E"), ("--threads", "0", "E"),
     ("--device", "quantum", "e"), ("--engine-model", "no-such-shape", "e"), ("--base-hardware", "nope", "e"),
     ("--dtype", "float13", "e"),
 ]
@@ -2049,9 +2049,9 @@ def _register_resource() -> None:
            ["replay", "{nat}", "--capacity-blocks", "100", "--block-size", str(10**9), "--engine", "python",
             "--quiet", "--out", "{tmp}/R"], accept="either", names=["--block-size"],
            check=lambda c, r: summary_check(c, "R", 80)())
-    simple(RE, "res.calibrate-num-blocks-1e12", "calibrate --num-blocks 10^12 (a KV pool of 10^12 blocks)",
-           ["calibrate", "--quick", "--quiet", "--num-blocks", str(10**12), "--out", "{tmp}/cal.json"],
-           accept="either", names=["--num-blocks"], timeout=120, weight=6,
+    simple(RE, "res.calibrate-capacity-blocks-1e12", "calibrate --capacity-blocks 10^12 (a KV pool of 10^12 blocks)",
+           ["calibrate", "--quick", "--quiet", "--capacity-blocks", str(10**12), "--out", "{tmp}/cal.json"],
+           accept="either", names=["--capacity-blocks"], timeout=120, weight=6,
            check=lambda c, r: None if c.path("cal.json").is_file() else "no profile written")
     simple(RE, "res.simulate-rate-tiny", "simulate --rate 1e-300 (arrivals ~1e300 s apart)",
            [*SIM, "--rate", "1e-300", "--out", "{tmp}/R"], accept="either", names=["--rate"],

@@ -224,7 +224,7 @@ def _serve_on_engine(args: argparse.Namespace, workload):
     block_size = args.block_size or 16
     # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
     pool = pool_blocks(args.capacity_blocks or 1024, serving_demand_blocks(workload, block_size))
-    engine = Engine(model, num_blocks=pool, block_size=block_size,
+    engine = Engine(model, capacity_blocks=pool, block_size=block_size,
                     num_threads=args.engine_threads if model.device.type == "cpu" else None)
     return run_engine_serving(
         workload, engine, capacity_blocks=args.capacity_blocks, policy=args.policy,
@@ -299,7 +299,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     positive = Annotated[int, Field(ge=1, le=1 << 20)]
     validate_fields(
-        "calibrate", block_size=(BlockSize, args.block_size), num_blocks=(positive, args.num_blocks),
+        "calibrate", block_size=(BlockSize, args.block_size), capacity_blocks=(positive, args.capacity_blocks),
         repeats=(Annotated[int, Field(ge=1, le=1000)], args.repeats), threads=(Annotated[int, Field(ge=1, le=1024)],
                                                                               args.threads),
         max_new_tokens=(positive | None, args.max_new_tokens), max_context=(positive | None, args.max_context),
@@ -321,7 +321,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     model = build_random_model(args.engine_model, seed=0, device=device, dtype=args.dtype)
-    engine = Engine(model, num_blocks=args.num_blocks, block_size=args.block_size,
+    engine = Engine(model, capacity_blocks=args.capacity_blocks, block_size=args.block_size,
                     num_threads=args.threads if device.type == "cpu" else None)
     grid = QUICK_GRID if args.quick else DEFAULT_GRID
     if args.max_new_tokens and args.max_context:
@@ -465,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu")
     cal.add_argument("--dtype", default=None, help="model dtype (default: the shape's)")
     cal.add_argument("--block-size", type=int, default=16)
-    cal.add_argument("--num-blocks", type=int, default=512, help="KV pool blocks used for the measurements")
+    cal.add_argument("--capacity-blocks", type=int, default=512, help="KV pool blocks used for the measurements")
+    cal.add_argument("--num-blocks", dest="capacity_blocks", type=int, help=argparse.SUPPRESS)  # the old name
     cal.add_argument("--base-hardware", default=None, help="profile with the nominal peaks (default: by device)")
     cal.add_argument("--repeats", type=int, default=5, help="timings per grid point (the median is kept)")
     cal.add_argument("--timer", default=None, choices=["wall", "thread"], help="default: thread on CPU, else wall")

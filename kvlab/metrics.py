@@ -19,8 +19,8 @@ def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else 0.0
 
 
-def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capacity: int | None = None) -> dict:
-    """Totals of one run (or one group of requests)."""
+def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capacity_blocks: int | None = None) -> dict:
+    """Totals of one run (or one group of requests); ``capacity_blocks``: the cache's size (``mean_occupancy``)."""
     prompt = requests["prompt_tokens"].to_numpy()
     hit = requests["hit_tokens"].to_numpy()
     out: dict[str, float | int | None] = Summary({
@@ -49,8 +49,8 @@ def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capaci
     if "orphan_evictions" in requests:
         out["orphan_evictions"] = int(requests["orphan_evictions"].sum())
         out["mean_orphan_blocks"] = float(requests["orphan_blocks"].mean()) if len(requests) else 0.0
-    if "cached_blocks" in requests and capacity:
-        out["mean_occupancy"] = float(requests["cached_blocks"].mean()) / capacity
+    if "cached_blocks" in requests and capacity_blocks:
+        out["mean_occupancy"] = float(requests["cached_blocks"].mean()) / capacity_blocks
         out["final_cached_blocks"] = int(requests["cached_blocks"].iloc[-1]) if len(requests) else 0
     return out
 

@@ -4,15 +4,21 @@ Every name a user sees (a config field, a CLI flag, a summary key, a results col
 from the command line to the core. When a name changes, the old spelling goes into :data:`ALIASES`,
 and everything that reads names — configs (``ReplayConfig(engine=...)``), results written before the
 rename (:func:`kvlab.results.read_results`, :func:`kvlab.sweep.read_sweep`) — goes through
-:func:`canonical_keys` / :func:`canonical_columns`, so old code and old results keep working.
+:func:`canonical_keys` / :func:`canonical_columns`, so old code and old results keep working. Renamed
+keyword arguments and attributes of the Python API are in :data:`KEYWORD_ALIASES`, applied by
+:func:`renamed_keyword` and :func:`renamed_attribute`.
 The metric names themselves are defined once, in :data:`kvlab.metrics.METRICS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar
 
-import pandas as pd
+if TYPE_CHECKING:  # the cache core reads this module: no pandas import at run time
+    import pandas as pd
+
+T = TypeVar("T")
 
 #: old name -> current name (configs, summaries and result tables)
 ALIASES: dict[str, str] = {
@@ -27,6 +33,41 @@ ALIASES: dict[str, str] = {
     "decode_seconds": "decode_busy_s",
     "bytes_per_block": "kv_bytes_per_block",
 }
+
+
+#: old keyword argument / attribute -> current name, in the Python API only (constructors and functions).
+#: Not a config, summary or column alias: ``num_blocks`` still means blocks per request elsewhere
+#: (``EncodedWorkload.num_blocks``) and the physical size of a KV pool tensor (``KVPool.num_blocks``).
+KEYWORD_ALIASES: dict[str, str] = {
+    # the cache size, in blocks: PrefixCache, Engine / PagedModel, measure_unsafe
+    "num_blocks": "capacity_blocks",
+}
+
+
+def renamed_keyword(where: str, name: str, value: T, old: Mapping[str, object]) -> T:
+    """The value of keyword argument ``name`` of ``where``: ``value``, or the one given under an old spelling
+    of ``name`` (:data:`KEYWORD_ALIASES`) in ``old`` (the call's other keyword arguments, e.g. ``**old``).
+
+    Raises TypeError, as Python does, for a keyword in ``old`` that is no old spelling of ``name``, or for a
+    value given under both spellings (``value`` not None).
+    """
+    for key, given in old.items():
+        if KEYWORD_ALIASES.get(key) != name:
+            raise TypeError(f"{where}() got an unexpected keyword argument {key!r}")
+        if value is not None:
+            raise TypeError(f"{where}() got {name!r} and its old name {key!r}: give {name!r} only")
+        value = given  # type: ignore[assignment]
+    return value
+
+
+def renamed_attribute(name: str) -> property:
+    """A read-only property, for a class attribute under an old spelling of ``name`` (:data:`KEYWORD_ALIASES`),
+    that reads attribute ``name``: ``num_blocks = renamed_attribute("capacity_blocks")``."""
+
+    def read(self: object) -> object:
+        return getattr(self, name)
+
+    return property(read, doc=f"The old name of ``{name}`` (read-only).")
 
 
 def canonical(name: str) -> str:
@@ -62,4 +103,13 @@ def canonical_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.rename(columns=renames) if renames else frame
 
 
-__all__ = ["ALIASES", "Summary", "canonical", "canonical_columns", "canonical_keys"]
+__all__ = [
+    "ALIASES",
+    "KEYWORD_ALIASES",
+    "Summary",
+    "canonical",
+    "canonical_columns",
+    "canonical_keys",
+    "renamed_attribute",
+    "renamed_keyword",
+]

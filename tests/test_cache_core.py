@@ -231,6 +231,19 @@ def test_bad_config():
         PrefixCache(4).max_hit_blocks(10, 2, "sometimes")
 
 
+def test_old_capacity_keyword_still_works():
+    """``num_blocks`` is the old name of ``capacity_blocks`` (kvlab.names.KEYWORD_ALIASES)."""
+    cache = PrefixCache(num_blocks=6, block_size=2)
+    assert cache.capacity_blocks == cache.num_blocks == len(cache.blocks) == 6
+    assert PrefixCache(capacity_blocks=3).num_free_blocks == 3
+    with pytest.raises(TypeError, match="old name"):
+        PrefixCache(4, num_blocks=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'size'"):
+        PrefixCache(4, size=4)
+    with pytest.raises(TypeError, match="missing required argument"):
+        PrefixCache()
+
+
 # ---------------------------------------------------------------------- the admission sequence
 class Recorder(EvictionPolicy):
     """FIFO over evictable blocks that logs every hook call (block ids, keys)."""

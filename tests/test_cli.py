@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from kvlab.cli import main
+from kvlab.cli import build_parser, main
 from kvlab.results import read_results
 from kvlab.sweep import read_sweep
 from kvlab.workload import load_trace
@@ -110,6 +110,19 @@ def test_policies_and_download_list(capsys):
     assert "lru" in capsys.readouterr().out
     assert main(["download", "--list"]) == 0
     assert "mooncake_conversation" in capsys.readouterr().out
+
+
+def test_calibrate_capacity_flag_and_its_hidden_old_name(capsys):
+    """``calibrate --capacity-blocks``; the old ``--num-blocks`` still parses, hidden from --help."""
+    parser = build_parser()
+    assert parser.parse_args(["calibrate"]).capacity_blocks == 512
+    assert parser.parse_args(["calibrate", "--capacity-blocks", "9"]).capacity_blocks == 9
+    assert parser.parse_args(["calibrate", "--num-blocks", "7"]).capacity_blocks == 7
+    assert main(["calibrate", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--capacity-blocks" in text and "--num-blocks" not in text
+    assert main(["calibrate", "--num-blocks", "0", "--quiet"]) == 2
+    assert "--capacity-blocks" in capsys.readouterr().err
 
 
 def test_sweep_over_traces_and_all_policies(tmp_path):

@@ -80,7 +80,7 @@ def test_lfu_halflife_compiled_floats_are_bit_identical():
     state = twin.init(4, 1, py.compiled_params())
     B, F = state.f_b, state.f_bft.T[4:7]  # heap rows; the fields count, t_last and the priority at unpin
     blocks = [SimpleNamespace(block_id=b, key=b, position=0) for b in range(4)]
-    py.attach(SimpleNamespace(num_blocks=4, blocks=blocks, block_size=1))
+    py.attach(SimpleNamespace(capacity_blocks=4, blocks=blocks, block_size=1))
     for b in range(4):
         ctx = AccessContext(time=float(arrival[b]), seq=b)
         py.on_insert(blocks[b], ctx)

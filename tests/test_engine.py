@@ -49,14 +49,14 @@ def model():
 
 
 def engine(model, **kw) -> Engine:
-    kw.setdefault("num_blocks", 32)
+    kw.setdefault("capacity_blocks", 32)
     kw.setdefault("block_size", 8)
     return Engine(model, num_threads=1, **kw)
 
 
 def faulty_engine(model, faults: dict, **kw) -> FaultyEngine:
     """:func:`engine` with ``faults`` injected (the mutation tests of the oracle)."""
-    kw.setdefault("num_blocks", 32)
+    kw.setdefault("capacity_blocks", 32)
     kw.setdefault("block_size", 8)
     return FaultyEngine(model, faults=faults, num_threads=1, **kw)
 
@@ -72,18 +72,30 @@ def test_capacity_in_bytes_converts_to_blocks(model):
     lay = KVLayout(num_layers=4, num_kv_heads=2, head_dim=32, block_size=8, dtype=torch.float32)
     assert lay.bytes_per_token == 2 * 4 * 2 * 32 * 4
     assert lay.bytes_per_block == 2 * 4 * 2 * 32 * 8 * 4 == 16384
-    eng = engine(model, num_blocks=None, capacity_bytes=10 * 16384 + 16383)
-    assert eng.layout == lay and eng.num_blocks == 10 and eng.capacity_bytes == 10 * 16384
+    eng = engine(model, capacity_blocks=None, capacity_bytes=10 * 16384 + 16383)
+    assert eng.layout == lay and eng.capacity_blocks == 10 and eng.capacity_bytes == 10 * 16384
     assert eng.pool.data.shape == (10, 4, 2, 2, 8, 32) and eng.pool.data.nbytes == eng.capacity_bytes
-    half = engine(model, num_blocks=None, capacity_bytes=10 * 16384, dtype="float16")
-    assert half.layout.bytes_per_block == 8192 and half.num_blocks == 20
+    half = engine(model, capacity_blocks=None, capacity_bytes=10 * 16384, dtype="float16")
+    assert half.layout.bytes_per_block == 8192 and half.capacity_blocks == 20
     with pytest.raises(ConfigError, match="holds no block"):
-        engine(model, num_blocks=None, capacity_bytes=16383)
+        engine(model, capacity_blocks=None, capacity_bytes=16383)
     with pytest.raises(ConfigError, match="exactly one"):
-        engine(model, num_blocks=4, capacity_bytes=16384)
+        engine(model, capacity_blocks=4, capacity_bytes=16384)
     # the llama-3-8b shape's 128 KiB per bf16 token (seed 003), without building it
     big = KVLayout(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16)
     assert big.bytes_per_token == 128 * 1024 and big.blocks_for_bytes(2 * 1024**3) == 1024
+
+
+def test_old_capacity_keyword_still_works(model):
+    """``num_blocks`` is the old name of ``capacity_blocks`` (kvlab.names.KEYWORD_ALIASES): keyword and attribute."""
+    eng = Engine(model, num_blocks=5, block_size=8, num_threads=1)
+    assert eng.capacity_blocks == eng.num_blocks == eng.cache.capacity_blocks == 5
+    assert eng.config()["capacity_blocks"] == 5
+    assert faulty_engine(model, {}, capacity_blocks=None, num_blocks=6).capacity_blocks == 6
+    with pytest.raises(TypeError, match="old name"):
+        Engine(model, capacity_blocks=5, num_blocks=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'blocks'"):
+        Engine(model, capacity_blocks=5, blocks=5)
 
 
 def test_pool_gather_and_write_round_trip():
@@ -199,7 +211,7 @@ def test_executor_primitive_chunked_prefill_and_recompute(model):
 
 
 def test_not_admitted_changes_nothing_and_bad_requests_fail(model):
-    eng = engine(model, num_blocks=3)
+    eng = engine(model, capacity_blocks=3)
     res = eng.prefill(Request(np.arange(25)))  # 4 blocks > 3
     assert not res.admitted and res.state is None and eng.cache.num_free_blocks == 3
     assert not eng.can_admit(Request(np.arange(25))) and eng.can_admit(Request(np.arange(24)))
@@ -221,7 +233,7 @@ def test_not_admitted_changes_nothing_and_bad_requests_fail(model):
 
 # ---------------------------------------------------------------------- hits identical to the replay
 def assert_same_as_replay(model, wl, capacity: int, block_size: int) -> pd.DataFrame:
-    res = engine(model, num_blocks=capacity, block_size=block_size).run(wl, verify=True, verify_tokens=2)
+    res = engine(model, capacity_blocks=capacity, block_size=block_size).run(wl, verify=True, verify_tokens=2)
     f = res.requests
     for kind in ("python", "auto"):
         rep = replay(wl, capacity_blocks=capacity, block_size=block_size, engine=kind).requests
@@ -277,7 +289,7 @@ MUTATIONS = {
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_verify_catches_each_mutation(model, name):
     faults, failing = MUTATIONS[name]
-    res = faulty_engine(model, faults, num_blocks=6).run(mutation_workload(), verify=True, verify_tokens=2)
+    res = faulty_engine(model, faults, capacity_blocks=6).run(mutation_workload(), verify=True, verify_tokens=2)
     f = res.requests
     assert f["hit_blocks"].tolist() == ([0, 4, 0, 4] if name == "reuse_evicted" else [0, 4, 0, 2])
     assert f["evictions"].sum() > 0
@@ -342,7 +354,7 @@ def test_random_models_are_seeded_and_informative(model):
 
 def test_run_results_save_and_read_back(model, tmp_path):
     wl = random_token_workload(3, n=12, vocab=3, max_len=30)
-    res = engine(model, num_blocks=8, block_size=4).run(wl, output_tokens=3, verify=True, verify_tokens=2)
+    res = engine(model, capacity_blocks=8, block_size=4).run(wl, output_tokens=3, verify=True, verify_tokens=2)
     out = res.save(tmp_path / "run")
     back = read_results(out)
     assert back.manifest["driver"] == "engine" and back.manifest["config"]["model_id"] == "random:tiny-llama:seed0"

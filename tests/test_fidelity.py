@@ -40,7 +40,7 @@ VOCAB = 1024  # tiny-llama
 @pytest.fixture(scope="module")
 def engine():
     torch.set_num_threads(1)
-    return Engine(build_random_model("tiny-llama", seed=0), num_blocks=96, block_size=8, num_threads=1)
+    return Engine(build_random_model("tiny-llama", seed=0), capacity_blocks=96, block_size=8, num_threads=1)
 
 
 def chat(n: int, seed: int = 3, max_output: int = 4):
@@ -210,7 +210,7 @@ def test_saturation_throughput_of_a_run(engine):
 # ---------------------------------------------------------------------- command line
 def test_cli_calibrate_and_engine_executor(tmp_path, capsys):
     out = tmp_path / "cal.json"
-    assert main(["calibrate", "--engine-model", "tiny-llama", "--quick", "--repeats", "1", "--num-blocks", "160",
+    assert main(["calibrate", "--engine-model", "tiny-llama", "--quick", "--repeats", "1", "--capacity-blocks", "160",
                  "--out", str(out), "--quiet"]) == 0
     assert load_hardware(out).calibrated and "eta" not in capsys.readouterr().err
     trace = save_jsonl(chat(10), tmp_path / "chat.jsonl")

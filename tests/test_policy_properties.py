@@ -139,7 +139,7 @@ def check_state(cache: PrefixCache, running: dict[int, list]) -> None:
             n_free += 1
         else:
             n_evictable += 1
-    assert n_run + n_free + n_evictable == cache.num_blocks
+    assert n_run + n_free + n_evictable == cache.capacity_blocks
     assert len(cache.policy) == n_evictable == cache.num_evictable_blocks
     assert cache.num_free_blocks == n_free + n_evictable
     assert cache.num_running_blocks == n_run

@@ -57,7 +57,8 @@ def no_hit(state, b, key, seq, pos):
 class CompiledPolicy(NamedTuple):
     """numba-compiled hooks of one policy (block ids ``b``, dense key ids ``key``, ``seq`` = request index).
 
-    ``init(capacity, num_keys, params) -> state``; ``on_insert(state, b, key, seq, pos)``;
+    ``init(capacity, num_keys, params) -> state`` (``capacity``: the cache's ``capacity_blocks``, in blocks;
+    ``num_keys``: dense key ids); ``on_insert(state, b, key, seq, pos)``;
     ``on_hit(state, b, key, seq, pos)``; ``on_pin(state, b, seq)``; ``on_unpin(state, b, seq)``;
     ``victim(state) -> b`` (only called with at least one evictable block); ``on_evict(state, b)``;
     ``on_miss(state, key, seq, pos)`` (optional): once per missed full block of an admitted request, in
@@ -106,7 +107,7 @@ def replay_kernel(
     prompt_tokens: np.ndarray,  # int64 [n]
     num_blocks: np.ndarray,  # int64 [n] = ceil(prompt_tokens / block_size)
     num_keys: int,
-    capacity: int,
+    capacity: int,  # blocks: the cache's capacity_blocks (its pool; block ids 0..capacity-1)
     block_size: int,
     ideal: bool,
     params,  # the policy's compiled_params(): float64 array or tuple of arrays
@@ -496,7 +497,7 @@ def _kernel_args(enc, capacity: int, ideal: bool, params) -> tuple:
 def warm_up(policy: CompiledPolicy, enc, capacity: int, ideal: bool, params) -> float:
     """Compile the replay kernel of ``policy`` for these arguments' types, or load it from the disk cache,
     without running it; returns seconds (0 when that specialisation is already in this process). Called
-    before a timed replay so that ``replay_seconds`` excludes JIT compilation."""
+    before a timed replay so that ``replay_seconds`` excludes JIT compilation. ``capacity`` in blocks."""
     kernel, extra = kernel_for(policy)
     sig = tuple(nb.typeof(a) for a in (*_kernel_args(enc, capacity, ideal, params), *extra))
     if sig in kernel.overloads:
@@ -507,7 +508,8 @@ def warm_up(policy: CompiledPolicy, enc, capacity: int, ideal: bool, params) -> 
 
 
 def run_compiled(policy: CompiledPolicy, enc, capacity: int, ideal: bool, params) -> dict[str, np.ndarray]:
-    """Run the replay kernel of ``policy`` on an EncodedWorkload; returns the per-request columns by name."""
+    """Run the replay kernel of ``policy`` on an EncodedWorkload over a cache of ``capacity`` blocks; returns the
+    per-request columns by name."""
     kernel, extra = kernel_for(policy)
     out = kernel(*_kernel_args(enc, capacity, ideal, params), *extra)
     names = ("hit_blocks", "new_blocks", "evictions", "orphan_evictions", "collisions", "admitted",

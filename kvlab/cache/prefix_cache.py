@@ -34,6 +34,7 @@ from kvlab.cache.admission import COUNTING_MODES
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.errors import CapacityError, ConfigError
+from kvlab.names import renamed_attribute, renamed_keyword
 
 if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it lazily at run time
     from kvlab.policies import EvictionPolicy
@@ -74,23 +75,33 @@ class CacheStats:
 
 
 class PrefixCache:
-    """A pool of ``num_blocks`` usable KV blocks with a key index and one eviction policy."""
+    """A pool of ``capacity_blocks`` usable KV blocks with a key index and one eviction policy.
+
+    ``block_size`` in tokens. The old keyword and attribute ``num_blocks`` still mean ``capacity_blocks``
+    (:data:`kvlab.names.KEYWORD_ALIASES`).
+    """
+
+    num_blocks = renamed_attribute("capacity_blocks")
 
     def __init__(
         self,
-        num_blocks: int,
+        capacity_blocks: int | None = None,
         policy: str | EvictionPolicy = "lru",
         *,
         block_size: int = 16,
         policy_params: dict | None = None,
+        **old_names: int,
     ) -> None:
-        if num_blocks <= 0:
-            raise ConfigError(f"capacity must be >= 1 block, got {num_blocks}")
+        capacity_blocks = renamed_keyword("PrefixCache", "capacity_blocks", capacity_blocks, old_names)
+        if capacity_blocks is None:
+            raise TypeError("PrefixCache() missing required argument: 'capacity_blocks'")
+        if capacity_blocks <= 0:
+            raise ConfigError(f"capacity must be >= 1 block, got {capacity_blocks}")
         if block_size <= 0:
             raise ConfigError(f"block_size must be >= 1 token, got {block_size}")
-        self.num_blocks = num_blocks
+        self.capacity_blocks = capacity_blocks
         self.block_size = block_size
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.blocks = [KVBlock(i) for i in range(capacity_blocks)]
         from kvlab.policies import make_policy
 
         self.policy = make_policy(policy, **(policy_params or {}))
@@ -131,7 +142,7 @@ class PrefixCache:
 
     @property
     def num_running_blocks(self) -> int:
-        return self.num_blocks - len(self._free) - len(self.policy)
+        return self.capacity_blocks - len(self._free) - len(self.policy)
 
     def get(self, key: Hashable) -> KVBlock | None:
         """The oldest block holding ``key``, or None."""

@@ -147,7 +147,7 @@ def run_sweep(
     hits = [hit_tokens_for(f, p, bs) for f in fractions]
     seeded = engine.prefill(Request(doc))
     if not seeded.admitted:
-        raise ConfigError(f"a {p}-token prompt does not fit the engine's {engine.num_blocks} blocks")
+        raise ConfigError(f"a {p}-token prompt does not fit the engine's {engine.capacity_blocks} blocks")
     engine.release(seeded.state)
     prefixes: dict[int, object] = {}
     if baselines:
@@ -175,7 +175,7 @@ def run_sweep(
             req = Request(np.concatenate([doc[:n], rng.integers(0, vocab, p - n)]))
             res, _, cpu = _timed(lambda req=req: engine.prefill(req), dev)
             if not res.admitted:
-                raise ConfigError(f"request not admitted: {engine.num_blocks} blocks are too few for the sweep")
+                raise ConfigError(f"request not admitted: {engine.capacity_blocks} blocks are too few for the sweep")
             if res.hit_tokens != n:
                 engine.release(res.state)
                 raise RuntimeError(f"expected {n} hit tokens at h={frac}, got {res.hit_tokens} (pool too small?)")

@@ -1,6 +1,6 @@
 """The pool-compute primitive: a transformers causal LM whose K/V live in a paged pool.
 
-A :class:`PagedModel` owns the model, a :class:`~kvlab.engine.kv_pool.KVPool` of ``num_blocks`` blocks of
+A :class:`PagedModel` owns the model, a :class:`~kvlab.engine.kv_pool.KVPool` of ``capacity_blocks`` blocks of
 ``block_size`` token slots and the optional adapters. :meth:`PagedModel.forward_tokens` computes positions
 ``[start, start + T)`` of one sequence whose K/V are stored in given pool blocks and writes the new K/V
 back: the only place a model runs on the pool. It knows nothing of keys, lookups or eviction: which
@@ -38,6 +38,7 @@ from kvlab.engine.model import (
     vocab_size,
 )
 from kvlab.errors import ConfigError
+from kvlab.names import renamed_attribute, renamed_keyword
 
 
 def sync_device(device: torch.device) -> None:
@@ -51,27 +52,32 @@ def sync_device(device: torch.device) -> None:
 class PagedModel:
     """A causal LM and its paged KV pool (module docstring).
 
-    Capacity: exactly one of ``num_blocks`` (pool blocks) or ``capacity_bytes`` (converted to whole blocks
-    of ``layout.bytes_per_block`` bytes). ``dtype`` is the pool's (default: the model's K/V dtype; a narrower
-    one makes reuse lossy). ``device`` defaults to the model's; a model elsewhere is moved there.
-    ``adapters`` serves sequences that name an adapter. ``num_threads`` sets torch's CPU threads (None:
-    leave as is; ignored on accelerators).
+    Capacity: exactly one of ``capacity_blocks`` (pool blocks) or ``capacity_bytes`` (converted to whole
+    blocks of ``layout.bytes_per_block`` bytes); the old keyword and attribute ``num_blocks`` still mean
+    ``capacity_blocks`` (:data:`kvlab.names.KEYWORD_ALIASES`). ``dtype`` is the pool's (default: the model's
+    K/V dtype; a narrower one makes reuse lossy). ``device`` defaults to the model's; a model elsewhere is
+    moved there. ``adapters`` serves sequences that name an adapter. ``num_threads`` sets torch's CPU threads
+    (None: leave as is; ignored on accelerators).
     """
+
+    num_blocks = renamed_attribute("capacity_blocks")
 
     def __init__(
         self,
         model: torch.nn.Module,
         *,
-        num_blocks: int | None = None,
+        capacity_blocks: int | None = None,
         capacity_bytes: int | None = None,
         block_size: int = 16,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         adapters: AdapterSet | None = None,
         num_threads: int | None = 2,
+        **old_names: int | None,
     ) -> None:
-        if (num_blocks is None) == (capacity_bytes is None):
-            raise ConfigError("give exactly one of num_blocks and capacity_bytes")
+        capacity_blocks = renamed_keyword(type(self).__name__, "capacity_blocks", capacity_blocks, old_names)
+        if (capacity_blocks is None) == (capacity_bytes is None):
+            raise ConfigError("give exactly one of capacity_blocks and capacity_bytes")
         self.device = model_device(model) if device is None else resolve_device(device)
         if model_device(model) != self.device:
             model.to(self.device)
@@ -86,20 +92,20 @@ class PagedModel:
                                resolve_dtype(dtype, kv.dtype))
         self.kv_dtype = kv.dtype
         if capacity_bytes is not None:
-            num_blocks = self.layout.blocks_for_bytes(int(capacity_bytes))
+            capacity_blocks = self.layout.blocks_for_bytes(int(capacity_bytes))
         self.block_size = int(block_size)
-        self.pool = KVPool(self.layout, int(num_blocks), self.device)
+        self.pool = KVPool(self.layout, int(capacity_blocks), self.device)
         self.adapters = adapters
         self.num_threads = num_threads
 
     @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool."""
+    def capacity_blocks(self) -> int:
+        """Blocks in the pool (the tensor's ``KVPool.num_blocks``)."""
         return self.pool.num_blocks
 
     @property
     def capacity_bytes(self) -> int:
-        """Bytes of K/V the pool holds (``num_blocks x bytes_per_block``)."""
+        """Bytes of K/V the pool holds (``capacity_blocks x bytes_per_block``)."""
         return self.pool.nbytes
 
     def forward_tokens(

@@ -72,19 +72,20 @@ class _State(SequenceState):
 class Engine(PagedModel):
     """A causal LM serving requests from a paged, prefix-cached KV pool (module docstring: the steps).
 
-    Capacity: exactly one of ``num_blocks`` (usable blocks, the cache core's capacity) or
-    ``capacity_bytes`` (converted to whole blocks of ``layout.bytes_per_block`` bytes). ``dtype`` is the
-    pool's (default: the model's K/V dtype); a narrower pool dtype makes reuse lossy, which the oracle
-    reports. ``device`` defaults to the model's; a model elsewhere is moved there. ``hasher`` defaults to
-    ``BlockHasher("xxh3_128", model_id=<model id>)``. ``adapters`` serves requests that name an adapter.
-    ``num_threads`` sets torch's CPU threads (None: leave as is; ignored on accelerators).
+    Capacity: exactly one of ``capacity_blocks`` (usable blocks, the cache core's capacity) or
+    ``capacity_bytes`` (converted to whole blocks of ``layout.bytes_per_block`` bytes); the old keyword
+    ``num_blocks`` still means ``capacity_blocks``. ``dtype`` is the pool's (default: the model's K/V dtype);
+    a narrower pool dtype makes reuse lossy, which the oracle reports. ``device`` defaults to the model's; a
+    model elsewhere is moved there. ``hasher`` defaults to ``BlockHasher("xxh3_128", model_id=<model id>)``.
+    ``adapters`` serves requests that name an adapter. ``num_threads`` sets torch's CPU threads (None: leave
+    as is; ignored on accelerators).
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
         *,
-        num_blocks: int | None = None,
+        capacity_blocks: int | None = None,
         capacity_bytes: int | None = None,
         block_size: int = 16,
         policy: str | object = "lru",
@@ -95,12 +96,14 @@ class Engine(PagedModel):
         adapters: AdapterSet | None = None,
         cache_outputs: bool = True,
         num_threads: int | None = 2,
+        **old_names: int | None,
     ) -> None:
-        super().__init__(model, num_blocks=num_blocks, capacity_bytes=capacity_bytes, block_size=block_size,
-                         device=device, dtype=dtype, adapters=adapters, num_threads=num_threads)
+        super().__init__(model, capacity_blocks=capacity_blocks, capacity_bytes=capacity_bytes, block_size=block_size,
+                         device=device, dtype=dtype, adapters=adapters, num_threads=num_threads, **old_names)
         self.policy_name = policy if isinstance(policy, str) else type(policy).__name__
         self.policy_params = dict(policy_params or {})
-        self.cache = PrefixCache(self.num_blocks, policy, block_size=self.block_size, policy_params=policy_params)
+        self.cache = PrefixCache(self.capacity_blocks, policy, block_size=self.block_size,
+                                 policy_params=policy_params)
         self.manager = KVCacheManager(self.cache, cache_at="compute", now=None)  # ctx.time: each request's arrival
         self.hasher = hasher if hasher is not None else BlockHasher(model_id=self.model_id)
         self._truth = truth_hasher(self.hasher)
@@ -121,7 +124,7 @@ class Engine(PagedModel):
             "model_dtype": str(self.model_dtype).removeprefix("torch."),
             "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
             "device": str(self.device),
-            "capacity_blocks": self.num_blocks,
+            "capacity_blocks": self.capacity_blocks,
             "capacity_bytes": self.capacity_bytes,
             "block_size": self.block_size,
             "layout": self.layout.to_dict(),
@@ -454,13 +457,13 @@ class Engine(PagedModel):
         """Totals of a run: :func:`~kvlab.metrics.summarize` of ``frame`` plus capacity, layout and labels,
         prefill and decode seconds and throughputs (tokens/s), TTFT percentiles (s), peak KV bytes and, with
         ``verify``, the oracle's pass rate and largest deviations."""
-        summary = summarize(frame, duration_s=workload.duration, capacity=self.num_blocks)
+        summary = summarize(frame, duration_s=workload.duration, capacity_blocks=self.capacity_blocks)
         adm = frame[frame["admitted"]]
         prefill_s = float(adm["prefill_s"].sum())
         decode_s = float(adm["decode_s"].sum())
         ttft = adm["ttft_s"].to_numpy(np.float64)
         summary.update(
-            capacity_blocks=self.num_blocks,
+            capacity_blocks=self.capacity_blocks,
             capacity_bytes=self.capacity_bytes,
             kv_bytes_per_block=self.layout.bytes_per_block,
             kv_bytes_per_token=self.layout.bytes_per_token,

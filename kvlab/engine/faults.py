@@ -8,7 +8,7 @@ an ordinary ``Engine``. It exists to show that the oracle (:mod:`kvlab.engine.ve
 Faults (name, value type: the seam it overrides — what breaks):
 
 * ``position_offset``, int: ``_suffix_start`` — the suffix after a hit starts at ``hit_tokens + offset``;
-* ``wrong_block``, bool: ``_gather_ids`` — the gather reads block ``(b + 1) % num_blocks`` for hit block ``b``;
+* ``wrong_block``, bool: ``_gather_ids`` — the gather reads block ``(b + 1) % capacity_blocks`` for hit block ``b``;
 * ``stale_block``, bool: ``_compute_prefill`` — a prefill's K/V writes into blocks taken by eviction are lost;
 * ``reuse_evicted``, bool: ``_lookup`` and ``_cached`` — a never-invalidated key -> block memo extends
   lookups past a miss with blocks that were evicted and reallocated to another prefix.
@@ -28,7 +28,7 @@ from kvlab.errors import ConfigError
 
 FAULTS: dict[str, type] = {
     "position_offset": int,  # the suffix after a hit starts at position hit_tokens + offset (an off-by-one)
-    "wrong_block": bool,  # the gather reads block (b + 1) % num_blocks instead of hit block b
+    "wrong_block": bool,  # the gather reads block (b + 1) % capacity_blocks instead of hit block b
     "stale_block": bool,  # at prefill, the K/V write into a block taken by eviction is lost: it keeps the old K/V
     "reuse_evicted": bool,  # an engine-side key -> block memo, never invalidated, extends lookups past a
     # miss with blocks that were evicted and reallocated to another prefix
@@ -60,7 +60,7 @@ class FaultyEngine(Engine):
     # ------------------------------------------------------------------ compute seams (PagedModel)
     def _gather_ids(self, block_ids: list[int]) -> list[int]:
         if self.faults.get("wrong_block"):
-            return [(b + 1) % self.num_blocks for b in block_ids]
+            return [(b + 1) % self.capacity_blocks for b in block_ids]
         return block_ids
 
     def _suffix_start(self, start: int) -> int:

@@ -28,6 +28,7 @@ from kvlab.engine.driver import Engine
 from kvlab.engine.model import model_id, vocab_size
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher
+from kvlab.names import renamed_keyword
 from kvlab.workload.text import ByteTokenizer
 from kvlab.workload.workload import Workload, from_lists
 
@@ -169,11 +170,12 @@ def measure_unsafe(
     scenarios: Sequence[UnsafeScenario] | None = None,
     *,
     block_size: int = 16,
-    num_blocks: int = 64,
+    capacity_blocks: int | None = None,
     verify_tokens: int = 4,
     seed: int = 0,
     device: str | torch.device | None = None,
     num_threads: int | None = None,
+    **old_names: int,
 ) -> pd.DataFrame:
     """Run each scenario under its safe and its unsafe scheme (verify mode); one row per (scenario, scheme).
 
@@ -182,8 +184,12 @@ def measure_unsafe(
     ``logit_max_abs_false`` / ``logit_rel_false`` (median over requests with a false hit),
     ``argmax_agreement`` (share of clear-margin requests whose argmax matches), ``greedy_agreement`` (mean
     share of leading greedy tokens that match), both also over false-hit requests only (``*_false``, NaN
-    without any), ``kv_max_abs`` (max over requests, pool vs reference).
+    without any), ``kv_max_abs`` (max over requests, pool vs reference). ``capacity_blocks``: each engine's
+    pool in blocks (default 64; the old keyword ``num_blocks`` is accepted too).
     """
+    capacity_blocks = renamed_keyword("measure_unsafe", "capacity_blocks", capacity_blocks, old_names)
+    if capacity_blocks is None:
+        capacity_blocks = 64
     if scenarios is None:
         scenarios = unsafe_scenarios(model_id(model), vocab_size(model), block_size=block_size, seed=seed)
     rows = []
@@ -191,7 +197,7 @@ def measure_unsafe(
         for scheme in ("safe", "unsafe"):
             adapters = AdapterSet(model, sc.adapters, seed=seed) if sc.adapters else None
             try:
-                engine = Engine(model, num_blocks=num_blocks, block_size=block_size,
+                engine = Engine(model, capacity_blocks=capacity_blocks, block_size=block_size,
                                 hasher=sc.safe if scheme == "safe" else sc.unsafe, adapters=adapters,
                                 device=device, num_threads=num_threads)
                 values = sc.unsafe_key_values if scheme == "unsafe" else None

@@ -82,10 +82,10 @@ class CompiledAdapter(EvictionPolicy):
     """Base class of a policy implemented only by its compiled hooks (``compiled``), for the Python core.
 
     A subclass sets ``compiled`` and, if it has parameters, ``compiled_params()``; ``attach`` creates the
-    state (the cache's ``num_blocks`` is the capacity) and the hooks: closures over the state and the
-    count of evictable blocks, set on the instance (so the core calls them directly). A hook the subclass
-    overrides stays a method (its ``super()`` call reaches the closure); so does a hook someone else set on
-    the instance (a test's guard).
+    state (``capacity``: the cache's ``capacity_blocks``, in blocks) and the hooks: closures over the state
+    and the count of evictable blocks, set on the instance (so the core calls them directly). A hook the
+    subclass overrides stays a method (its ``super()`` call reaches the closure); so does a hook someone else
+    set on the instance (a test's guard).
     """
 
     compiled: ClassVar[CompiledPolicy]
@@ -96,20 +96,20 @@ class CompiledAdapter(EvictionPolicy):
     _hooks: dict | None = None
 
     def attach(self, cache: object) -> None:
-        """A fresh state for ``cache``'s ``num_blocks`` blocks; the hooks bound to it."""
+        """A fresh state for ``cache``'s ``capacity_blocks`` blocks; the hooks bound to it."""
         mine = self._hooks or {}
         for name in self._HOOKS:  # a re-attach: the hooks bound before go
             if name in mine and self.__dict__.get(name) is mine[name]:
                 del self.__dict__[name]
-        self._hooks = mine = self._make_hooks(cache.blocks, cache.num_blocks)  # type: ignore[attr-defined]
+        self._hooks = mine = self._make_hooks(cache.blocks, cache.capacity_blocks)  # type: ignore[attr-defined]
         cls = type(self)
         for name in self._HOOKS:
             if name not in self.__dict__ and getattr(cls, name) is getattr(CompiledAdapter, name):
                 self.__dict__[name] = mine[name]
 
     def _make_hooks(self, blocks: list[KVBlock], capacity: int) -> dict:
-        """The hooks over a new state, as closures sharing it (``state``), the number of key columns and the
-        count of evictable blocks (``n``)."""
+        """The hooks over a new state for ``capacity`` blocks, as closures sharing it (``state``), the number of
+        key columns and the count of evictable blocks (``n``)."""
         c, params = self.compiled, self.compiled_params()
         num_keys = max(self.initial_keys, 2 * capacity)
         state = c.init(capacity, num_keys, params)

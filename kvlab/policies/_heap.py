@@ -50,7 +50,7 @@ class HeapPolicy(EvictionPolicy):
         self._blocks: list[KVBlock] = []
 
     def attach(self, cache: object) -> None:
-        n = cache.num_blocks  # type: ignore[attr-defined]
+        n = cache.capacity_blocks  # type: ignore[attr-defined]
         self._cache = cache
         self._blocks = cache.blocks  # type: ignore[attr-defined]
         self._stamp = [0] * n
@@ -143,7 +143,7 @@ class BucketHeapPolicy(HeapPolicy):
     def attach(self, cache: object) -> None:
         super().attach(cache)
         self._buckets: dict[int, OrderedDict[int, KVBlock]] = {}
-        self._bucket: list[OrderedDict | None] = [None] * cache.num_blocks  # type: ignore[attr-defined]
+        self._bucket: list[OrderedDict | None] = [None] * cache.capacity_blocks  # type: ignore[attr-defined]
         self._keys: list[int] = []
 
     def _push(self, bid: int, priority: int) -> None:
@@ -209,7 +209,7 @@ class LeafHeapPolicy(HeapPolicy):
     def attach(self, cache: object) -> None:
         super().attach(cache)
         self._children = cache.num_cached_children  # type: ignore[attr-defined]
-        self._is_parked = [False] * cache.num_blocks  # type: ignore[attr-defined]
+        self._is_parked = [False] * cache.capacity_blocks  # type: ignore[attr-defined]
 
     def _drop_any(self, block: KVBlock) -> None:
         """Forget ``block``'s entry, parked or queued."""

@@ -218,7 +218,7 @@ class PriorityPolicy(HeapPolicy):
 
     def attach(self, cache: object) -> None:
         super().attach(cache)
-        n = cache.num_blocks  # type: ignore[attr-defined]
+        n = cache.capacity_blocks  # type: ignore[attr-defined]
         self.block_size = cache.block_size  # type: ignore[attr-defined]
         spec = self.spec
         blk = [[v] * n for v in spec.block]  # one list per field: few objects for the garbage collector

@@ -138,7 +138,7 @@ class WorkloadAware(EvictionPolicy):
         return np.array([self.life_s, self.window, self.min_samples], dtype=np.float64), arrival, rq
 
     def attach(self, cache: object) -> None:
-        n = cache.num_blocks  # type: ignore[attr-defined]
+        n = cache.capacity_blocks  # type: ignore[attr-defined]
         self._blocks = cache.blocks  # type: ignore[attr-defined]
         self._block_use = [None] * n
         self._stamp = [0] * n

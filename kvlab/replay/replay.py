@@ -158,7 +158,7 @@ def replay(
         config.mode == "ideal",
     )
     frame = _requests_frame(workload, encoded, config, cols, ideal)
-    summary = summarize(frame, duration_s=workload.duration, capacity=config.capacity_blocks)
+    summary = summarize(frame, duration_s=workload.duration, capacity_blocks=config.capacity_blocks)
     summary.update(
         capacity_blocks=config.capacity_blocks,
         block_size=encoded.block_size,

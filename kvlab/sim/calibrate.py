@@ -139,7 +139,7 @@ def measure_steps(
     executor = EngineExecutor(engine, timer=timer)
     clock = timer_function(timer)
     rng = np.random.default_rng(seed)
-    bs, nb, vocab = engine.block_size, engine.num_blocks, engine.vocab_size
+    bs, nb, vocab = engine.block_size, engine.capacity_blocks, engine.vocab_size
     if warmup:
         warm_up(engine, warmup)
     times: list[list[float]] = [[] for _ in points]

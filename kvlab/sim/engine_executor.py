@@ -81,7 +81,7 @@ class EngineExecutor:
     sequence per forward call, so a block keyed at scheduling (``cache_at="schedule"``) is computed by
     the earlier entry that owns it before a later entry of the same step reads it. ``timer``: ``"wall"``
     or ``"thread"`` (module docstring). The engine's own cache core is not used: the manager's is, and
-    its block ids must lie below ``engine.num_blocks`` (the pool).
+    its block ids must lie below ``engine.capacity_blocks`` (the pool).
     """
 
     def __init__(self, engine: PagedModel, *, timer: str = "wall") -> None:
@@ -222,7 +222,7 @@ def warm_up(engine: PagedModel, steps: int = 2, tokens: int = 32) -> None:
     """A few untimed forward passes (allocator, kernels, caches), written to pool blocks nobody holds yet."""
     rng = np.random.default_rng(0)
     bs = engine.block_size
-    blocks = list(range(min(engine.num_blocks, -(-(tokens + 1) // bs))))
+    blocks = list(range(min(engine.capacity_blocks, -(-(tokens + 1) // bs))))
     tokens = min(tokens, len(blocks) * bs - 1)
     for _ in range(steps):
         ids = rng.integers(0, engine.vocab_size, tokens + 1)
@@ -274,10 +274,10 @@ def run_engine_serving(
             hardware = "h100"
     hw = load_hardware(hardware)
     bs = engine.block_size
-    capacity = int(capacity_blocks or engine.num_blocks)
+    capacity = int(capacity_blocks or engine.capacity_blocks)
     pool = pool_blocks(capacity, serving_demand_blocks(workload, bs))
-    if not 1 <= pool <= engine.num_blocks:
-        raise ConfigError(f"capacity_blocks must be in 1..{engine.num_blocks} (the engine's pool), got {capacity}")
+    if not 1 <= pool <= engine.capacity_blocks:
+        raise ConfigError(f"capacity_blocks must be in 1..{engine.capacity_blocks} (the engine's pool), got {capacity}")
     if timer == "thread" and engine.device.type != "cpu":
         raise ConfigError("timer='thread' measures CPU time: use timer='wall' on an accelerator")
     config = SimConfig(
@@ -297,8 +297,8 @@ def run_engine_serving(
     executor = EngineExecutor(engine, timer=timer)
     for r, req in enumerate(requests):
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
-    manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity=pool, block_size=bs,
-                           cache_at=cache_at)
+    manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
+                           block_size=bs, cache_at=cache_at)
     bar = tqdm(total=n, disable=not progress, desc=f"engine {policy}", unit="req", mininterval=0.5)
 
     def on_finish(req: Request) -> None:
@@ -321,7 +321,7 @@ def run_engine_serving(
     scheduler.clock = StoppedClock(end)
 
     frame, timeseries, summary, trace = serving_results(
-        workload, tr, [scheduler], cost=cost, capacity=capacity, block_size=bs, model=model_p, config=config,
+        workload, tr, [scheduler], cost=cost, capacity_blocks=capacity, block_size=bs, model=model_p, config=config,
         seconds=wall)
     summary.update(
         executor="engine", timer=timer, device=str(engine.device), engine_model_id=engine.model_id,

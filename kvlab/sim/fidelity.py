@@ -143,7 +143,7 @@ def fidelity(
             rounds.append(measure_steps(engine, points, repeats=1, timer=timer, seed=len(rounds),
                                         warmup=0 if rounds else 2))
 
-    common = dict(policy=policy, capacity_blocks=capacity_blocks or engine.num_blocks, max_num_seqs=max_num_seqs,
+    common = dict(policy=policy, capacity_blocks=capacity_blocks or engine.capacity_blocks, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, cache_at=cache_at)
     serve = dict(common, timer=timer, model=model_p, progress=progress)
     measure_round()

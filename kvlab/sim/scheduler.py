@@ -214,7 +214,7 @@ class Scheduler:
     def fits_alone(self, req: Request) -> bool:
         """Whether the request's whole sequence fits the pool (else it could never finish)."""
         total = req.prompt_tokens + max(req.output_length, 1) - 1
-        return self.manager.blocks_needed(total) <= self.cache.num_blocks
+        return self.manager.blocks_needed(total) <= self.cache.capacity_blocks
 
     def add_request(self, req: Request) -> None:
         """Queue an arrived request (FCFS), or reject it if it has no prompt or can never fit."""

@@ -311,21 +311,22 @@ def serving_demand_blocks(workload: Workload, block_size: int) -> int:
 
 
 def make_manager(requests: list[Request], trace: TraceRequests, *, policy: str, policy_params: dict | None,
-                 capacity: int, block_size: int, cache_at: str) -> KVCacheManager:
-    """A cold KV manager over ``capacity`` blocks with a fresh ``policy`` for ``requests`` (one instance's, in
-    FCFS order); an offline policy is prepared with their known keys."""
+                 capacity_blocks: int, block_size: int, cache_at: str) -> KVCacheManager:
+    """A cold KV manager over ``capacity_blocks`` blocks of ``block_size`` tokens with a fresh ``policy`` for
+    ``requests`` (one instance's, in FCFS order); an offline policy is prepared with their known keys."""
     pol = make_policy(policy, **(policy_params or {}))
     if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
         pol.prepare(_future(requests, block_size, trace.num_keys, trace.hash_label))
-    return KVCacheManager(PrefixCache(capacity, pol, block_size=block_size), cache_at=cache_at)
+    return KVCacheManager(PrefixCache(capacity_blocks, pol, block_size=block_size), cache_at=cache_at)
 
 
 def serving_results(workload: Workload, trace: TraceRequests, schedulers: list[Scheduler], *, cost: CostModel,
-                    capacity: int, block_size: int, model: ModelProfile, config: SimConfig, seconds: float,
+                    capacity_blocks: int, block_size: int, model: ModelProfile, config: SimConfig, seconds: float,
                     route: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
     """After the run: the per-request frame (``instance`` column from ``route`` if given), the per-step time
     series of every instance (bytes columns from the model's KV bytes per block), the summary (``seconds``:
-    the driver's own run time) and the trace's identity."""
+    the driver's own run time; ``capacity_blocks``: the capacity as given, per instance) and the trace's
+    identity."""
     outputs = [r.output_length for r in trace.requests]
     ideal = ideal_hits(trace.keys, trace.offsets, trace.prompt.tolist(), outputs, block_size)
     frame = _requests_frame(workload, trace.requests, trace.arrival, trace.prompt, trace.prompt_full, ideal,
@@ -341,7 +342,7 @@ def serving_results(workload: Workload, trace: TraceRequests, schedulers: list[S
     block_bytes = block_size * model.kv_bytes_per_token
     timeseries["tier_bytes_hbm"] = timeseries["tier_hits_hbm"] * block_bytes
     timeseries["kv_running_bytes"] = timeseries["kv_running_blocks"] * block_bytes
-    summary = _summary(frame, timeseries, schedulers, cost, capacity, block_size, trace.scale, config, seconds)
+    summary = _summary(frame, timeseries, schedulers, cost, capacity_blocks, block_size, trace.scale, config, seconds)
     info = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return frame, timeseries, summary, info
 
@@ -414,7 +415,7 @@ def simulate(
             reqs = [tr.requests[r] for r in rows]
             for seq, req in enumerate(reqs):
                 req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
-            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity=pool,
+            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
                                    block_size=bs, cache_at=cache_at)
             scheduler = Scheduler(
                 manager, CostModelExecutor(cost), SimClock(), max_num_seqs=max_num_seqs,
@@ -428,7 +429,7 @@ def simulate(
     sim_s = time.perf_counter() - t0
 
     frame, timeseries, summary, trace = serving_results(
-        workload, tr, schedulers, cost=cost, capacity=capacity, block_size=bs, model=model_p, config=config,
+        workload, tr, schedulers, cost=cost, capacity_blocks=capacity, block_size=bs, model=model_p, config=config,
         seconds=sim_s, route=route if instances > 1 else None)
     return SimResult(frame, timeseries, summary, config, trace, model_p, hw)
 
@@ -481,8 +482,8 @@ def _requests_frame(workload: Workload, requests: list[Request], arrival: np.nda
     return frame
 
 
-def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler], cost: CostModel, capacity: int,
-             bs: int, scale: float, config: SimConfig, sim_s: float) -> dict:
+def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler], cost: CostModel,
+             capacity_blocks: int, bs: int, scale: float, config: SimConfig, sim_s: float) -> dict:
     """Replay metric names (hit rates, evictions) plus latency, throughput, memory and tier metrics.
 
     With several instances, busy times add up (device-seconds), ``makespan_s`` is the latest finish,
@@ -491,7 +492,7 @@ def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler],
     done = frame[frame["admitted"]]
     end = max(s.clock.now() for s in schedulers)
     makespan = float(end - frame["arrival"].min()) if len(frame) else 0.0
-    summary = summarize(frame, duration_s=makespan, capacity=capacity)
+    summary = summarize(frame, duration_s=makespan, capacity_blocks=capacity_blocks)
     summary["rejected_requests"] = int(frame["rejected"].sum())
     ttft, tpot = done["ttft_s"].to_numpy(), done["tpot_s"].to_numpy()
     for q in (50, 90, 99):
@@ -535,7 +536,7 @@ def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler],
         kv_memory_final_cached_blocks=final,
         tier_hits_hbm=hits,
         tier_bytes_hbm=hits * block_bytes,
-        capacity_blocks=capacity,
+        capacity_blocks=capacity_blocks,
         block_size=bs,
         policy=config.policy,
         cache_at=config.cache_at,
