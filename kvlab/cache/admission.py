@@ -18,7 +18,8 @@ in blocks; ``num_tokens`` is in tokens; ``bs`` is the block size in tokens.
    known token is always computed). With ``truths`` (verify mode) a key held by a block of other content is
    a collision, counted and treated as the first miss.
 2. **lower-tier lookup** (:func:`lookup_lower`, no side effects): continues from the device's first miss
-   through the tiers below the device (DRAM, SSD), up to the same cap. No tiers yet: never a hit.
+   through the tiers below the device (DRAM, SSD), up to the same cap: tier ``k`` starts at the first miss of
+   the tiers above and never returns upward (:class:`kvlab.tiers.TierStack`). Without tiers: never a hit.
 3. **fit** (:func:`fits`): the request's new device blocks must not exceed the free plus evictable blocks
    minus its device hits that are evictable now (they are pinned first, so they cannot be victims). Lower-tier
    hits need new device blocks too (they are loaded into them). A request that does not fit changes nothing:
@@ -30,7 +31,8 @@ in blocks; ``num_tokens`` is in tokens; ``bs`` is the block size in tokens.
    (positions ``start ..`` of ``keys``), in order, before any victim is chosen.
 6. **allocate** (:func:`allocate`): ``num_new`` device blocks, free queue front first, then policy victims
    (each victim's key is dropped: an eviction). New blocks have ref count 1 and no key.
-7. **load** (:func:`load`): lower-tier hits are copied into the first new blocks. No tiers yet: nothing.
+7. **load** (:func:`load`): lower-tier hits are copied into the first new blocks; the lower tiers release
+   their pins and touch the request's other blocks they hold. Without tiers: nothing.
 8. **key** (:func:`key`): a full block gets its key only once its K/V is in the pool: loaded blocks after
    the load, computed blocks after the forward pass that wrote them. The replay keys at once (its prompt is
    "computed" on admission); the simulator at schedule or compute time (``cache_at``); the engine right after
@@ -45,7 +47,7 @@ unpinned tail first (:meth:`PrefixCache.release <kvlab.cache.prefix_cache.Prefix
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvlab.cache.block import KVBlock
@@ -63,7 +65,8 @@ class Lookup:
     """What steps 1-2 found for one request (no side effects; units: blocks).
 
     ``hits``: device blocks holding ``keys[0 : len(hits)]``, in order. ``lower``: lower-tier hits for
-    ``keys[len(hits) : num_blocks]`` (always empty until tiers land). ``collisions``: 1 when the device walk
+    ``keys[len(hits) : num_blocks]`` (a :class:`kvlab.tiers.stack.TierHits`, its length the blocks that will be
+    loaded; ``()`` without tiers). ``collisions``: 1 when the device walk
     stopped at a key whose block holds other content (verify mode), else 0.
     """
 
@@ -85,6 +88,7 @@ class Placement:
     blocks: list[KVBlock]
     evictions: int
     orphan_evictions: int
+    loaded: list[int] = field(default_factory=list)  # blocks loaded into ``blocks`` per lower tier (level 1 first)
 
 
 def max_hit_blocks(num_tokens: int, num_keys: int, block_size: int, mode: str = "vllm") -> int:
@@ -105,14 +109,14 @@ def lookup(
     """Steps 1-2 for a sequence of ``num_tokens`` known tokens whose full blocks have ``keys``."""
     limit = max_hit_blocks(num_tokens, len(keys), cache.block_size, mode)
     hits, collisions = cache.lookup(keys, limit, truths)
-    lower = lookup_lower(cache, keys, len(hits), limit) if len(hits) < limit else ()
+    lower = lookup_lower(cache, keys, len(hits), limit) if cache.tiers is not None and len(hits) < limit else ()
     return Lookup(hits, lower, collisions)
 
 
 def lookup_lower(cache: PrefixCache, keys: Sequence[Hashable], start: int, limit: int) -> Sequence:
     """Step 2: hits of ``keys[start:limit]`` on the tiers below ``cache``, from ``start`` (the device's first
-    miss) to the first miss there. The seam of tiered storage: no lower tier exists yet, so never a hit."""
-    return ()
+    miss) on, each tier from the first miss of the tiers above. ``()`` without tiers."""
+    return cache.tiers.lookup(keys, start, limit) if cache.tiers is not None else ()
 
 
 # ---------------------------------------------------------------------- steps 3-7
@@ -122,9 +126,11 @@ def fits(cache: PrefixCache, found: Lookup, num_new: int) -> bool:
 
 
 def pin(cache: PrefixCache, found: Lookup, ctx: AccessContext) -> None:
-    """Step 4: count and pin every hit, device hits in prefix order (lower tiers: none yet)."""
+    """Step 4: count and pin every hit, device hits in prefix order, then each lower tier's."""
     if found.hits:
         cache.touch(found.hits, ctx)
+    if cache.tiers is not None:
+        cache.tiers.pin(found.lower, ctx) if found.lower else cache.tiers.begin(ctx)
 
 
 def on_miss(cache: PrefixCache, keys: Sequence[Hashable], ctx: AccessContext) -> None:
@@ -140,8 +146,11 @@ def allocate(cache: PrefixCache, num_new: int, ctx: AccessContext) -> Placement:
     return Placement(blocks, evicted, cache.stats.orphan_evictions - orphans)
 
 
-def load(cache: PrefixCache, found: Lookup, placed: Placement) -> None:
-    """Step 7: copy ``found.lower`` into ``placed.blocks[:len(found.lower)]`` (no tiers yet: nothing)."""
+def load(cache: PrefixCache, found: Lookup, placed: Placement, keys: Sequence[Hashable], ctx: AccessContext) -> None:
+    """Step 7: copy ``found.lower`` into ``placed.blocks[:len(found.lower)]``; the lower tiers release their pins
+    and touch the request's blocks they hold (``placed.loaded``: blocks per tier). Without tiers: nothing."""
+    if cache.tiers is not None:
+        placed.loaded = cache.tiers.load(found.lower, keys, len(found.hits), ctx)
 
 
 def admit(
@@ -156,7 +165,7 @@ def admit(
     start = len(found.hits)
     on_miss(cache, keys[start : start + num_new], ctx)
     placed = allocate(cache, num_new, ctx)
-    load(cache, found, placed)
+    load(cache, found, placed, keys, ctx)
     return placed
 
 
@@ -174,10 +183,13 @@ def grow(
 # ---------------------------------------------------------------------- step 8
 def key(
     cache: PrefixCache, blocks: Sequence[KVBlock], keys: Sequence[Hashable], start: int, ctx: AccessContext,
-    truths: Sequence | None = None,
+    truths: Sequence | None = None, loaded: int = 0,
 ) -> None:
     """Step 8: ``blocks`` (pinned, full, their K/V written) become positions ``start ..`` of the sequence with
     ``keys``: they get ``keys[start : start + len(blocks)]`` (and ``truths``, for verify mode and false-hit
-    counting) and become findable."""
+    counting) and become findable. ``blocks[:loaded]`` were loaded from lower tiers, the rest computed: the
+    lower tiers store what their write policy asks (:meth:`kvlab.tiers.TierStack.keyed`)."""
     if blocks:
         cache.cache_blocks(blocks, keys, start, ctx, truths)
+        if cache.tiers is not None:
+            cache.tiers.keyed(keys, start, start + len(blocks), loaded, ctx)

@@ -38,6 +38,7 @@ from kvlab.names import renamed_attribute, renamed_keyword
 
 if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it lazily at run time
     from kvlab.policies import EvictionPolicy
+    from kvlab.tiers.stack import TierStack
 
 __all__ = ["COUNTING_MODES", "Admission", "CacheStats", "PrefixCache", "pool_blocks"]
 
@@ -60,6 +61,7 @@ class Admission:
     evictions: int
     collisions: int = 0
     orphan_evictions: int = 0
+    tier_hits: list[int] = field(default_factory=list)  # hit blocks loaded from each lower tier (level 1 first)
 
 
 @dataclass(slots=True)
@@ -112,6 +114,11 @@ class PrefixCache:
         self._children: dict[Hashable, int] = {}  # key -> cached blocks whose parent is that key
         self._orphans = 0  # cached blocks whose parent key is not cached (unreachable)
         self.stats = CacheStats()
+        #: the tiers below this cache (kvlab.tiers.TierStack, which sets it), None without lower tiers
+        self.tiers: TierStack | None = None
+        #: called as ``key_listener(block, last)`` for each block whose key is dropped (evicted or removed),
+        #: before its key is cleared; ``last``: no other block holds the key now. Set by the TierStack.
+        self.key_listener: Callable[[KVBlock, bool], None] | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -263,6 +270,20 @@ class PrefixCache:
                 else:
                     free.appendleft(block)
 
+    def remove(self, block: KVBlock, *, notify: bool = True) -> None:
+        """Drop an evictable block's key (``on_remove``, not an eviction) and put it at the front of the free
+        queue (a lower tier's exclusive move up). ``notify=False``: the key listener is not called."""
+        if block.ref_cnt or block.key is None:
+            raise CapacityError(f"block {block.block_id} is not evictable")
+        listener = self.key_listener
+        if not notify:
+            self.key_listener = None
+        try:
+            self._drop_keys(1, lambda: block, self.policy.on_remove, [])
+        finally:
+            self.key_listener = listener
+        self._free.appendleft(block)
+
     def reset(self) -> None:
         """Drop every cached key. Allowed only while no block is in use (vLLM: reset_prefix_cache)."""
         if self.num_running_blocks:
@@ -284,7 +305,7 @@ class PrefixCache:
         many of them were orphans (parent key not cached). The state is current after each block: the
         policy may read the cache in ``pick`` and ``hook``. (One loop, not a call per block: the replay's
         eviction hot path.)"""
-        index, children = self._index, self._children
+        index, children, listener = self._index, self._children, self.key_listener
         orphaned = 0
         for _ in range(num):
             block = pick()
@@ -304,6 +325,8 @@ class PrefixCache:
             if not held:
                 del index[key]
                 self._orphans += children.get(key, 0)  # its cached children become unreachable
+            if listener is not None:
+                listener(block, not held)
             block.key = block.parent = block.truth = None
             block.position = -1
             self._cached -= 1
@@ -334,7 +357,8 @@ class PrefixCache:
         placed = admission.admit(self, found, keys, num_new, ctx)
         if placed is None:
             return None
-        admission.key(self, placed.blocks[: len(keys) - d], keys, d, ctx, truths)  # loaded and computed blocks
+        # loaded and computed blocks
+        admission.key(self, placed.blocks[: len(keys) - d], keys, d, ctx, truths, loaded=len(found.lower))
         self.stats.collisions += found.collisions
         return Admission(found.hits + placed.blocks, found.num_blocks, num_new, placed.evictions, found.collisions,
-                         placed.orphan_evictions)
+                         placed.orphan_evictions, placed.loaded)

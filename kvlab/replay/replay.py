@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,8 @@ from kvlab.schema import (
     check_policy_params,
     renamed_fields,
 )
+from kvlab.tiers import Tier, TierStack, check_tiers
+from kvlab.tiers.results import compiled_tiers, resolve_tiers, tier_columns, tier_summary
 from kvlab.workload.workload import Workload
 
 BACKENDS = ("auto", "compiled", "python")
@@ -66,15 +68,33 @@ class ReplayConfig(Schema):
     backend: Backend = "auto"
     verify: bool = False  # verify-tokens-on-hit: count (and refuse) key collisions
     seed: Seed = 0
+    # tiers below the device (kvlab.tiers, docs/tiers.md); none: today's single-tier replay
+    tiers: list[Tier] = Field(default_factory=list)
+    max_load_tokens: Annotated[int, Field(ge=0)] | None = None  # per request, from the lower tiers (None: all)
+    model: str | None = None  # names the KV bytes per block: tier sizes in GiB, bytes written and read
 
     _old_names = model_validator(mode="before")(renamed_fields)
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
+    _tiers_unique = field_validator("tiers")(check_tiers)
+
+    #: fields added after run identities were first written: left out of ``to_dict`` (the identity) at their
+    #: defaults, so a run without tiers keeps its run id
+    _LATER = {"tiers": [], "max_load_tokens": None, "model": None}
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        for name, default in self._LATER.items():
+            if out.get(name) == default:
+                del out[name]
+        return out
 
     def validate(self) -> None:
         """Checks that need the policy instance (construction already checked everything else)."""
         if self.backend == "compiled" and make_policy(self.policy, **self.policy_params).compiled is None:
             raise ConfigError(f"no compiled kernel for policy {self.policy!r}; use backend='python' (--backend python)")
+        if self.backend == "compiled" and not compiled_tiers(self.tiers):
+            raise ConfigError("no compiled kernel for these tiers; use backend='python' (--backend python)")
 
 
 @dataclass
@@ -104,6 +124,7 @@ def resolve_config(workload: Workload, config: ReplayConfig) -> ReplayConfig:
         **config.to_dict(),
         "block_size": config.block_size or default_block_size(workload),
         "policy_params": resolved_policy_params(config.policy, config.policy_params),
+        "tiers": resolve_tiers(config.tiers, config.model, config.block_size or default_block_size(workload)),
     })
 
 
@@ -139,7 +160,7 @@ def replay(
     if encoded is None:
         encoded = encode(workload, config, progress=progress)
     policy = make_policy(config.policy, **config.policy_params)
-    use_compiled = policy.compiled is not None and config.backend != "python"
+    use_compiled = policy.compiled is not None and config.backend != "python" and compiled_tiers(config.tiers)
     # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
     pool = pool_blocks(config.capacity_blocks, int(encoded.num_blocks.sum()) + 1)
     compile_s = 0.0
@@ -152,12 +173,15 @@ def replay(
         cols = run_compiled(policy.compiled, encoded, pool, config.mode == "ideal", params)
     else:
         cols = _replay_python(workload, encoded, config, policy, pool, progress)
+    stack: TierStack | None = cols.pop("_stack", None)  # type: ignore[assignment]
     replay_s = time.perf_counter() - t0
     ideal = ideal_hits_kernel(
         encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, encoded.block_size,
         config.mode == "ideal",
     )
     frame = _requests_frame(workload, encoded, config, cols, ideal)
+    if config.tiers:
+        frame = tier_columns(frame, cols, config.tiers, encoded.block_size)
     summary = summarize(frame, duration_s=workload.duration, capacity_blocks=config.capacity_blocks)
     summary.update(
         capacity_blocks=config.capacity_blocks,
@@ -170,6 +194,8 @@ def replay(
         replay_seconds=replay_s,
         compile_seconds=compile_s,
     )
+    if config.tiers:
+        summary.update(tier_summary(frame, stack, config.tiers, encoded.block_size, config.model))
     trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ReplayResult(frame, summary, config, trace)
 
@@ -182,6 +208,9 @@ def _replay_python(
     policy.prepare(enc)
     cache = PrefixCache(pool, policy, block_size=enc.block_size)
     out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
+    stack = TierStack(cache, config.tiers, max_load_tokens=config.max_load_tokens,
+                      demand_blocks=int(enc.num_blocks.sum())) if config.tiers else None
+    tier_hits = np.zeros((n, len(config.tiers)), np.int64)
     admitted = np.zeros(n, np.bool_)
     offsets = enc.offsets.tolist()
     keys_all = enc.key_ids.tolist()
@@ -208,10 +237,15 @@ def _replay_python(
             out["evictions"][r] = adm.evictions
             out["orphan_evictions"][r] = adm.orphan_evictions
             out["collisions"][r] = adm.collisions
+            if adm.tier_hits:
+                tier_hits[r] = adm.tier_hits
             cache.release(adm.blocks, ctx)
         out["cached_blocks"][r] = cache.num_cached_blocks
         out["orphan_blocks"][r] = cache.num_orphan_blocks
     out["admitted"] = admitted
+    if stack is not None:
+        out["tier_hit_blocks"] = tier_hits
+        out["_stack"] = stack  # type: ignore[assignment]
     return out
 
 

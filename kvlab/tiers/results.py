@@ -1,0 +1,94 @@
+"""A tiered run's results: per-request hit tokens per tier and the ``tiers`` list of summary.json.
+
+Units: tokens in ``hit_tokens_*``, ``found_hit_tokens`` and ``loaded_tokens``; blocks (of the run's block
+size) in ``blocks_stored``, ``stores_skipped``, ``stores_never_read``, ``evictions``; bytes with a model.
+Shares are fractions of all prompt tokens, so ``device_token_hit_rate`` plus every tier's ``hit_share``
+is ``token_hit_rate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvlab.tiers.spec import Tier
+from kvlab.tiers.stack import TierStack
+
+#: the per-request column of the device's hit tokens; a lower tier's is ``hit_tokens_<name>``
+DEVICE_COLUMN = "hit_tokens_device"
+
+
+def tier_column(name: str) -> str:
+    return f"hit_tokens_{name}"
+
+
+def compiled_tiers(tiers: Sequence[Tier]) -> bool:
+    """Whether the compiled replay kernel runs these tiers (today: only an empty list)."""
+    return not tiers
+
+
+def kv_bytes_per_block(model: str | None, block_size: int) -> int | None:
+    """KV bytes of one block for ``model`` (a profile name or file), None without a model."""
+    if model is None:
+        return None
+    from kvlab.sim.profiles import load_model
+
+    return int(load_model(model).kv_bytes_per_token) * block_size
+
+
+def resolve_tiers(tiers: Sequence[Tier], model: str | None, block_size: int) -> list[Tier]:
+    """``tiers`` with every ``capacity_gib`` converted to blocks of ``block_size`` for ``model``."""
+    if not tiers:
+        return []
+    per_block = kv_bytes_per_block(model, block_size) if any(t.capacity_blocks is None for t in tiers) else None
+    return [t.resolve(per_block) for t in tiers]
+
+
+def tier_columns(frame: pd.DataFrame, cols: dict, tiers: Sequence[Tier], block_size: int) -> pd.DataFrame:
+    """``frame`` with ``hit_tokens_device`` and ``hit_tokens_<tier>`` per tier (they sum to ``hit_tokens``)."""
+    lower = np.asarray(cols["tier_hit_blocks"], np.int64).reshape(len(frame), len(tiers))
+    frame[DEVICE_COLUMN] = (frame["hit_blocks"].to_numpy() - lower.sum(axis=1)) * block_size
+    for i, t in enumerate(tiers):
+        frame[tier_column(t.name)] = lower[:, i] * block_size
+    return frame
+
+
+def tier_summary(frame: pd.DataFrame, stack: TierStack, tiers: Sequence[Tier], block_size: int,
+                 model: str | None) -> dict:
+    """``device_token_hit_rate`` and the ``tiers`` list (one dict per lower tier, level 1 first)."""
+    prompt = float(frame["prompt_tokens"].sum())
+    per_block = kv_bytes_per_block(model, block_size)
+    out: list[dict] = []
+    for t, lower in zip(tiers, stack.tiers, strict=True):
+        c = lower.counters
+        chunk = lower.chunk
+        hit = int(frame[tier_column(t.name)].sum())
+        written = c.stored_chunks * chunk * per_block if per_block else None
+        read = c.loaded_blocks * per_block if per_block else None
+        out.append({
+            "name": t.name,
+            "capacity_blocks": t.capacity_blocks,
+            "capacity_gib": t.capacity_gib,
+            "policy": t.policy,
+            "write": t.write,
+            "selective_hits": t.selective_hits if t.write == "write_through_selective" else None,
+            "inclusion": t.inclusion,
+            "chunk_blocks": chunk,
+            "touch": t.touch,
+            "hit_share": hit / prompt if prompt else 0.0,
+            "local_hit_rate": c.found_blocks / c.looked_up_blocks if c.looked_up_blocks else 0.0,
+            "found_hit_tokens": c.found_blocks * block_size,
+            "loaded_tokens": c.loaded_blocks * block_size,
+            "blocks_stored": c.stored_chunks * chunk,
+            "stores_skipped": c.stores_skipped * chunk,
+            "stores_never_read": c.evicted_unread * chunk,
+            "evictions": lower.cache.stats.evictions * chunk,
+            "moved_up_blocks": c.removed_exclusive * chunk,
+            "bytes_written": written,
+            "bytes_read": read,
+            "write_amplification": written / read if written is not None and read else None,
+        })
+    device = int(frame[DEVICE_COLUMN].sum())
+    return {"device_token_hit_rate": device / prompt if prompt else 0.0, "tiers": out}

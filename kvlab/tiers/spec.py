@@ -1,0 +1,167 @@
+"""A lower storage tier, as a user names it: :class:`Tier` (Python) and ``--tier NAME:key=value:...`` (CLI).
+
+Tier 0 is the device cache (its size is ``capacity_blocks``, its policy ``policy``); a run's ``tiers`` list
+names the tiers below it, in order (e.g. DRAM, then SSD). docs/tiers.md states the semantics.
+
+Units: ``capacity_blocks`` and ``chunk_blocks`` in blocks of the run's block size; ``capacity_gib`` in GiB
+(2**30 bytes) of KV cache, converted with the model's KV bytes per block (:meth:`Tier.resolve`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kvlab.errors import ConfigError
+from kvlab.schema import MAX_CAPACITY_BLOCKS, CapacityBlocks, Schema, check_policy_name, check_policy_params
+
+WriteMode = Literal["write_through", "write_through_selective", "write_back"]
+Inclusion = Literal["none", "inclusive", "exclusive"]
+TierName = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
+#: names a lower tier may not take (the device tier's; columns are ``hit_tokens_<name>``)
+RESERVED = {"device", "total", "ideal"}
+
+
+class Tier(Schema):
+    """One tier below the device: its size, eviction policy, write policy and inclusion.
+
+    * ``write``: when a block is stored here. ``write_through``: every block computed on the device (or, for
+      a tier below another lower tier, stored in the tier above) is stored at once (vLLM's
+      OffloadingConnector); ``write_through_selective``: once the block has had ``selective_hits`` hits in the
+      tier above (HiCache); ``write_back``: when the last copy of its key leaves the tier above (LMCache's
+      lazy offload). A store that finds no free or evictable room is skipped and counted.
+    * ``inclusion``: ``none`` (tiers independent, as vLLM), ``inclusive`` (a key resident in any tier above
+      is pinned here: never evicted below what is above, as HiCache), ``exclusive`` (a loaded block moves up
+      and a key computed above leaves this tier: never in two tiers; needs ``write_back``).
+    * ``chunk_blocks``: this tier stores and finds whole chunks of that many blocks (LMCache: 256 tokens).
+    * ``touch``: every block of a request that this tier holds is touched (a hit, then unpinned: the most
+      recent for recency policies), device hits included, as vLLM's offloading manager does.
+    * ``max_load_tokens``: at most this many tokens of a request are loaded from the lower tiers (vLLM's
+      per-request limit); hits past it are found but recomputed.
+    """
+
+    name: TierName
+    capacity_blocks: CapacityBlocks | None = None
+    capacity_gib: Annotated[float, Field(gt=0, le=1 << 30)] | None = None
+    policy: str = "lru"
+    policy_params: dict = Field(default_factory=dict)
+    write: WriteMode = "write_through"
+    selective_hits: Annotated[int, Field(ge=1, le=1 << 20)] = 2
+    inclusion: Inclusion = "none"
+    chunk_blocks: Annotated[int, Field(ge=1, le=1 << 16)] = 1
+    touch: bool = True
+
+    _policy_known = field_validator("policy")(check_policy_name)
+    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Tier:
+        if self.name in RESERVED:
+            raise ValueError(f"tier name {self.name!r} is reserved ({', '.join(sorted(RESERVED))})")
+        if (self.capacity_blocks is None) == (self.capacity_gib is None):
+            raise ValueError(f"tier {self.name!r}: give exactly one of blocks=N and gib=X")
+        if self.inclusion == "exclusive" and self.write != "write_back":
+            raise ValueError(f"tier {self.name!r}: inclusion=exclusive needs write=write_back")
+        return self
+
+    def resolve(self, kv_bytes_per_block: int | None) -> Tier:
+        """This tier with ``capacity_blocks`` set: a ``capacity_gib`` tier is converted with the model's KV
+        bytes per block (whole blocks, rounded down); ConfigError without a model."""
+        if self.capacity_blocks is not None:
+            return self
+        if not kv_bytes_per_block:
+            raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} needs a model (--model) for the KV "
+                              "bytes per block")
+        blocks = math.floor(self.capacity_gib * (1 << 30) / kv_bytes_per_block)
+        if not 1 <= blocks <= MAX_CAPACITY_BLOCKS:
+            raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} is {blocks} blocks of "
+                              f"{kv_bytes_per_block} bytes; must be in [1, {MAX_CAPACITY_BLOCKS}]")
+        return self.replace(capacity_blocks=blocks)
+
+    @property
+    def chunk_slots(self) -> int:
+        """Chunks this tier holds (``capacity_blocks // chunk_blocks``, at least 1)."""
+        return max(1, (self.capacity_blocks or 0) // self.chunk_blocks)
+
+    def label(self) -> str:
+        """The ``--tier`` spelling of this tier (parse_tier(t.label()) == t)."""
+        size = f"blocks={self.capacity_blocks}" if self.capacity_gib is None else f"gib={self.capacity_gib:g}"
+        parts = [self.name, size, f"policy={self.policy}"]
+        parts.append(f"selective={self.selective_hits}" if self.write == "write_through_selective"
+                     else f"write={self.write}")
+        parts += [f"inclusion={self.inclusion}", f"chunk={self.chunk_blocks}"]
+        if not self.touch:
+            parts.append("touch=off")
+        parts += [f"{k}={v}" for k, v in sorted(self.policy_params.items())]
+        return ":".join(parts)
+
+
+_KEYS = ("blocks", "gib", "policy", "write", "selective", "inclusion", "chunk", "touch")
+
+
+def parse_tier(text: str, flag: str = "--tier") -> Tier:
+    """A :class:`Tier` from ``NAME:blocks=N[:policy=P][:write=write_through|write_back|selective=K]
+    [:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off]`` (``gib=X`` instead of ``blocks=N``
+    with a model); other ``key=value`` pairs are the tier policy's parameters. ConfigError naming ``flag``."""
+    name, _, rest = text.partition(":")
+    fields: dict[str, object] = {"name": name}
+    params: dict[str, object] = {}
+    for item in rest.split(":") if rest else []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{flag} {text!r}: expected key=value, got {item!r} (keys: {', '.join(_KEYS)})")
+        if key == "blocks":
+            fields["capacity_blocks"] = _number(value, int, text, key, flag)
+        elif key == "gib":
+            fields["capacity_gib"] = _number(value, float, text, key, flag)
+        elif key == "policy":
+            fields["policy"] = value
+        elif key == "write":
+            fields["write"] = {"through": "write_through", "back": "write_back",
+                               "selective": "write_through_selective"}.get(value, value)
+        elif key == "selective":
+            fields["write"] = "write_through_selective"
+            fields["selective_hits"] = _number(value, int, text, key, flag)
+        elif key == "inclusion":
+            fields["inclusion"] = value
+        elif key == "chunk":
+            fields["chunk_blocks"] = _number(value, int, text, key, flag)
+        elif key == "touch":
+            if value not in ("on", "off", "true", "false"):
+                raise ConfigError(f"{flag} {text!r}: touch must be on or off, got {value!r}")
+            fields["touch"] = value in ("on", "true")
+        else:
+            params[key] = _number(value, float, text, key, flag, strict=False)
+    if params:
+        fields["policy_params"] = params
+    try:
+        return Tier(**fields)
+    except ConfigError as err:
+        raise ConfigError(f"{flag} {text!r}: {err}") from None
+
+
+def _number(value: str, kind: type, text: str, key: str, flag: str, strict: bool = True) -> object:
+    try:
+        number = float(value)
+        if kind is int:
+            if number != int(number):
+                raise ValueError
+            return int(number)
+        return number
+    except (ValueError, OverflowError):
+        if not strict:
+            return value
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{flag} {text!r}: {key} must be {what}, got {value!r}") from None
+
+
+def check_tiers(tiers: list[Tier]) -> list[Tier]:
+    """Tier names unique (they name result columns)."""
+    seen: set[str] = set()
+    for t in tiers:
+        if t.name in seen:
+            raise ConfigError(f"--tier: tier name {t.name!r} given twice")
+        seen.add(t.name)
+    return tiers

@@ -1,0 +1,336 @@
+"""The tiers below the device in the Python core: lookup cascade, pins, loads, stores (docs/tiers.md).
+
+A :class:`TierStack` is attached to the device :class:`~kvlab.cache.prefix_cache.PrefixCache`
+(``device.tiers``); the admission sequence (kvlab.cache.admission) calls it at its lower-tier steps:
+
+* **lower-tier lookup** (:meth:`TierStack.lookup`, no side effects): tier ``k`` starts at the first miss of
+  the tiers above and never returns upward; a chunked tier (``c`` blocks per chunk) starts at the chunk that
+  holds that miss, counts whole chunks, and contributes only the blocks past the hits above. The total is
+  capped at the request's hit limit (the last prompt token is computed). At most ``max_load_blocks`` of the
+  hits found below are loaded (a prefix); the rest are recomputed.
+* **pin** (:meth:`TierStack.pin`): each found chunk counts a hit and is pinned, before the device allocates.
+* **load** (:meth:`TierStack.load`): the loaded chunks are read (an ``exclusive`` tier drops them: they moved
+  up); the pins are released tail first; then, with ``touch``, every other chunk of the request the tier holds
+  is touched (hit, pin, unpin: the most recent for recency policies), tail first.
+* **computed** (:meth:`TierStack.computed`): blocks the device computed are stored in every ``write_through``
+  tier (a chunk once its last block is computed); an ``exclusive`` tier drops keys computed above.
+* A key's last copy leaving tier ``k`` (device: ``k = 0``) is stored in tier ``k + 1`` if that tier is
+  ``write_back``; ``inclusive`` tiers hold a pin on each key resident in a tier above them.
+* ``write_through_selective`` stores a key once it has had ``selective_hits`` hits (device or lower) while
+  resident on the device.
+
+A store that finds no free or evictable slot is skipped and counted. Units: blocks of the device's block
+size unless a name says chunks (a chunked tier's slots); tokens only in ``max_load_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from kvlab.cache.block import KVBlock
+from kvlab.cache.context import NO_CONTEXT, AccessContext
+from kvlab.cache.prefix_cache import PrefixCache, pool_blocks
+from kvlab.errors import ConfigError
+from kvlab.tiers.spec import Tier, check_tiers
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """Running totals of one lower tier (blocks; ``*_chunks`` in its chunks)."""
+
+    looked_up_blocks: int = 0  # blocks past the hits above, up to the hit limit, when it was looked up
+    found_blocks: int = 0  # hits found here (past the hits above)
+    loaded_blocks: int = 0  # of those, loaded into device blocks (the request's hits from this tier)
+    stored_chunks: int = 0
+    stores_skipped: int = 0  # no free or evictable slot
+    evictions: int = 0
+    evicted_unread: int = 0  # chunks evicted that were never loaded since they were stored
+    removed_exclusive: int = 0  # chunks dropped because the key moved up (exclusive)
+
+
+class _Pair(Sequence):
+    """``keys`` for ``PrefixCache.cache_blocks`` storing one key at ``pos`` with parent ``parent``."""
+
+    __slots__ = ("key", "parent", "pos")
+
+    def __init__(self, key: Hashable, parent: Hashable | None, pos: int) -> None:
+        self.key, self.parent, self.pos = key, parent, pos
+
+    def __getitem__(self, i: int) -> Hashable | None:  # type: ignore[override]
+        return self.key if i == self.pos else self.parent
+
+    def __len__(self) -> int:
+        return self.pos + 1
+
+
+class LowerTier:
+    """One tier below the device: a :class:`PrefixCache` of ``capacity_blocks // chunk_blocks`` slots (a slot
+    holds one chunk, keyed by the key of the chunk's last block, its parent the previous chunk's key), with the
+    tier's own policy. Owned by its :class:`TierStack`; nothing else changes it."""
+
+    def __init__(self, spec: Tier, level: int, block_size: int, demand_blocks: int | None = None) -> None:
+        self.spec = spec
+        self.level = level  # 1 = just below the device
+        self.chunk = spec.chunk_blocks
+        slots = spec.chunk_slots if demand_blocks is None else pool_blocks(spec.chunk_slots,
+                                                                           demand_blocks // self.chunk + 1)
+        self.cache = PrefixCache(slots, spec.policy, block_size=block_size * spec.chunk_blocks,
+                                 policy_params=spec.policy_params)
+        self.counters = TierCounters()
+        self.unread: set[int] = set()  # slots stored and not loaded since
+        self.pinned_above: set[Hashable] = set()  # inclusive: keys this tier pins (resident above)
+
+    def chunk_key(self, keys: Sequence[Hashable], j: int) -> Hashable:
+        return keys[(j + 1) * self.chunk - 1]
+
+    def slot(self, key: Hashable) -> KVBlock | None:
+        return self.cache.get(key)
+
+
+@dataclass(slots=True)
+class TierHits:
+    """What the lower-tier lookup found for one request (no side effects; blocks). ``segments[i]`` =
+    ``(level, start, end, slots)``: tier ``level`` holds positions ``start .. end - 1`` past the hits above,
+    in chunks ``slots``. ``loaded`` = blocks that will be loaded (a prefix of the found ones)."""
+
+    segments: list[tuple[int, int, int, list[KVBlock]]] = field(default_factory=list)
+    looked_up: list[tuple[int, int]] = field(default_factory=list)  # (level, blocks looked up)
+    loaded: int = 0
+
+    def __len__(self) -> int:
+        return self.loaded
+
+    def loaded_by_level(self, levels: int) -> list[int]:
+        """Loaded blocks per lower tier (index 0 = level 1)."""
+        out = [0] * levels
+        left = self.loaded
+        for level, start, end, _ in self.segments:
+            take = min(end - start, left)
+            out[level - 1] += take
+            left -= take
+        return out
+
+
+class TierStack:
+    """The lower tiers of one device cache, in order (see the module docstring)."""
+
+    def __init__(self, device: PrefixCache, tiers: Sequence[Tier], *, max_load_tokens: int | None = None,
+                 demand_blocks: int | None = None) -> None:
+        """``demand_blocks``: an upper bound on the blocks the workload can store (state is allocated for at
+        most that many, as for the device: kvlab.cache.pool_blocks; numbers unchanged)."""
+        tiers = check_tiers(list(tiers))
+        bs = device.block_size
+        self.device = device
+        self.tiers = [LowerTier(t if t.capacity_blocks is not None else _unresolved(t), i + 1, bs, demand_blocks)
+                      for i, t in enumerate(tiers)]
+        above = 1
+        for t in self.tiers:
+            if t.chunk > 1 and t.spec.write != "write_through":
+                raise ConfigError(f"tier {t.spec.name!r}: chunk={t.chunk} needs write=write_through (a chunk is "
+                                  "stored when it is computed)")
+            if t.spec.write == "write_back" and t.chunk != above:
+                raise ConfigError(f"tier {t.spec.name!r}: write_back below a tier of {above}-block chunks needs "
+                                  f"chunk={above}")
+            above = t.chunk
+        self.max_load_blocks = None if max_load_tokens is None else max_load_tokens // bs
+        self.ctx: AccessContext = NO_CONTEXT  # the request being admitted (for hooks run by evictions)
+        self.hits: dict[Hashable, int] = {}  # selective: hits of a key while resident on the device
+        self._selective = any(t.spec.write == "write_through_selective" for t in self.tiers)
+        device.tiers = self
+        device.key_listener = self._device_dropped
+        for t in self.tiers:
+            t.cache.key_listener = self._listener(t)
+
+    # ------------------------------------------------------------------ admission steps
+    def lookup(self, keys: Sequence[Hashable], start: int, limit: int) -> TierHits:
+        """Lower-tier lookup for positions ``start .. limit - 1`` (``start`` = device hits)."""
+        out = TierHits()
+        h = start
+        for t in self.tiers:
+            if h >= limit:
+                break
+            out.looked_up.append((t.level, limit - h))
+            c = t.chunk
+            j = h // c
+            end = h
+            slots: list[KVBlock] = []
+            index = t.cache
+            while end < limit and (j + 1) * c <= len(keys):
+                slot = index.get(keys[(j + 1) * c - 1])
+                if slot is None:
+                    break
+                slots.append(slot)
+                end = (j + 1) * c
+                j += 1
+            end = min(end, limit)
+            if end > h:
+                out.segments.append((t.level, h, end, slots))
+                h = end
+        found = h - start
+        out.loaded = found if self.max_load_blocks is None else min(found, self.max_load_blocks)
+        return out
+
+    def pin(self, found: TierHits, ctx: AccessContext) -> None:
+        """Count a hit on each found chunk and pin it (before the device allocates)."""
+        self.ctx = ctx
+        for level, _, _, slots in found.segments:
+            t = self.tiers[level - 1]
+            t.cache.touch(slots, ctx)
+
+    def begin(self, ctx: AccessContext) -> None:
+        """The request whose admission runs now (hooks run by evictions see its context)."""
+        self.ctx = ctx
+
+    def load(self, found: TierHits | tuple, keys: Sequence[Hashable], device_hits: int, ctx: AccessContext) -> list[int]:
+        """Read the loaded chunks, release the pins, touch the request's other chunks; returns the loaded
+        blocks per lower tier (index 0 = level 1). Selective hit counts are updated here. ``found`` is ``()``
+        when the device hits reached the hit limit (no lower-tier lookup)."""
+        if not isinstance(found, TierHits):
+            found = TierHits()
+        left = found.loaded
+        for level, start, end, slots in found.segments:
+            t = self.tiers[level - 1]
+            c = t.counters
+            c.found_blocks += end - start
+            take = min(end - start, left)
+            left -= take
+            c.loaded_blocks += take
+            if take:
+                for slot in slots[: (start + take - 1) // t.chunk - start // t.chunk + 1]:
+                    t.unread.discard(slot.block_id)
+            t.cache.release(slots, ctx)
+        for level, blocks in found.looked_up:
+            self.tiers[level - 1].counters.looked_up_blocks += blocks
+        hit_slots = {id(s) for _, _, _, slots in found.segments for s in slots}
+        for t in self.tiers:
+            if t.spec.touch:
+                self._touch(t, keys, hit_slots, ctx)
+        if self._selective:
+            hits = self.hits
+            for i in range(device_hits + found.loaded):
+                k = keys[i]
+                n = hits.get(k, 0) + 1
+                hits[k] = n
+                self._store_selective(keys, i, n)
+        return found.loaded_by_level(len(self.tiers))
+
+    def keyed(self, keys: Sequence[Hashable], start: int, end: int, loaded: int, ctx: AccessContext) -> None:
+        """The device keyed positions ``start .. end - 1`` of ``keys``: the first ``loaded`` were loaded, the
+        rest computed. ``write_through`` tiers store the computed ones (a chunk once its last block is
+        computed); ``exclusive`` tiers drop every one (it is above now); ``inclusive`` tiers pin them."""
+        self.ctx = ctx
+        computed = start + loaded
+        for t in self.tiers:
+            spec = t.spec
+            if spec.inclusion == "exclusive":
+                for pos in range(start, end):
+                    self._remove(t, keys[pos])
+            elif spec.inclusion == "inclusive":
+                for pos in range(start, end):
+                    self._pin_above(t, keys[pos])
+            if spec.write == "write_through":
+                c = t.chunk
+                for j in range(computed // c, end // c):  # chunks whose last block was computed now
+                    self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j)
+
+    # ------------------------------------------------------------------ mechanics
+    def _touch(self, t: LowerTier, keys: Sequence[Hashable], skip: set[int], ctx: AccessContext) -> None:
+        c = t.chunk
+        cache, policy = t.cache, t.cache.policy
+        for j in range(len(keys) // c - 1, -1, -1):
+            slot = cache.get(keys[(j + 1) * c - 1])
+            if slot is None or id(slot) in skip:
+                continue
+            policy.on_hit(slot, ctx)
+            if slot.ref_cnt == 0:
+                policy.on_pin(slot, ctx)
+                policy.on_unpin(slot, ctx)
+
+    def _store(self, t: LowerTier, key: Hashable, parent: Hashable | None, pos: int) -> None:
+        cache = t.cache
+        if cache.get(key) is not None:
+            return
+        if t.spec.inclusion == "exclusive" and self._resident_above(t, key):
+            return  # stored when it leaves the tiers above
+        if cache.num_free_blocks == 0:
+            t.counters.stores_skipped += 1
+            return
+        (slot,), evicted = cache.allocate(1, self.ctx)
+        t.counters.evictions += evicted
+        cache.cache_blocks([slot], _Pair(key, parent, pos), pos, self.ctx)
+        t.counters.stored_chunks += 1
+        t.unread.add(slot.block_id)
+        if t.spec.inclusion == "inclusive" and self._resident_above(t, key):
+            t.pinned_above.add(key)  # stays pinned (ref count 1) while resident above
+        else:
+            cache.release([slot], self.ctx)
+
+    def _remove(self, t: LowerTier, key: Hashable) -> None:
+        """Drop ``key`` from tier ``t`` (exclusive: it moved up). Its slot becomes free."""
+        slot = t.cache.get(key)
+        if slot is None or slot.ref_cnt:
+            return
+        t.cache.remove(slot, notify=False)
+        t.unread.discard(slot.block_id)
+        t.counters.removed_exclusive += 1
+
+    def _resident_above(self, t: LowerTier, key: Hashable) -> bool:
+        if key in self.device:
+            return True
+        return any(key in u.cache for u in self.tiers[: t.level - 1])
+
+    def _pin_above(self, t: LowerTier, key: Hashable) -> None:
+        if key in t.pinned_above:
+            return
+        slot = t.slot(key)
+        if slot is not None:
+            t.cache.touch([slot], self.ctx)
+            t.pinned_above.add(key)
+
+    def _unpin_above(self, level: int, key: Hashable) -> None:
+        """``key``'s last copy left tier ``level``: release inclusive pins no tier above holds any more."""
+        for t in self.tiers[level:]:
+            if t.spec.inclusion == "inclusive" and key in t.pinned_above and not self._resident_above(t, key):
+                t.pinned_above.discard(key)
+                slot = t.slot(key)
+                if slot is not None:
+                    t.cache.release([slot], self.ctx)
+
+    def _store_selective(self, keys: Sequence[Hashable], pos: int, hits: int) -> None:
+        for t in self.tiers:
+            if t.spec.write == "write_through_selective" and hits >= t.spec.selective_hits:
+                self._store(t, keys[pos], keys[pos - 1] if pos else None, pos)
+
+    def _device_dropped(self, block: KVBlock, last: bool) -> None:
+        if not last:
+            return
+        key = block.key
+        self.hits.pop(key, None)
+        if self.tiers and self.tiers[0].spec.write == "write_back":
+            self._store(self.tiers[0], key, block.parent, block.position)
+        self._unpin_above(0, key)
+
+    def _listener(self, t: LowerTier):  # noqa: ANN202 - a closure per tier
+        below = self.tiers[t.level] if t.level < len(self.tiers) else None
+
+        def dropped(slot: KVBlock, last: bool) -> None:
+            if slot.block_id in t.unread:
+                t.unread.discard(slot.block_id)
+                t.counters.evicted_unread += 1
+            if last and below is not None and below.spec.write == "write_back":
+                self._store(below, slot.key, slot.parent, slot.position)
+            if last:
+                self._unpin_above(t.level, slot.key)
+
+        return dropped
+
+    # ------------------------------------------------------------------ results
+    def resident_levels(self, key: Hashable) -> list[int]:
+        """Levels holding ``key`` (0 = device), for invariant checks."""
+        out = [0] if key in self.device else []
+        return out + [t.level for t in self.tiers if key in t.cache]
+
+
+def _unresolved(t: Tier) -> Tier:
+    raise ConfigError(f"tier {t.name!r}: gib={t.capacity_gib} is not resolved to blocks (give a model)")
