@@ -273,7 +273,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         check_output_location(args.out, kind="run")
     workload = _load(args)
     result = _serve_on_engine(args, workload) if args.executor == "engine" else simulate(
-        workload, **config.to_dict(), progress=not args.quiet)
+        workload, config, progress=not args.quiet)
     s = result.summary
     for key in ("requests", "rejected_requests", "cost_model", "instances", "capacity_blocks", "block_size",
                 "policy", "time_scale", "token_hit_rate", "ideal_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",

@@ -15,7 +15,8 @@ from kvlab.cache.manager import KVCacheManager
 from kvlab.cli import main
 from kvlab.hashing import BlockHasher
 from kvlab.results import read_results
-from kvlab.sim import Request, Scheduler, SimClock, WallClock, scaled_arrivals, simulate
+from kvlab.sim import Request, Scheduler, SimClock, SimConfig, WallClock, scaled_arrivals, simulate
+from kvlab.sim.profiles import load_model
 from kvlab.sim.simulator import route_requests
 from kvlab.workload import from_lists, save_jsonl, synthetic_chat, zipf_blocks
 
@@ -240,6 +241,25 @@ def test_deterministic_and_fast_forward_is_exact(make, kw):
     for col in ("prefill_tokens", "decode_tokens", "evictions", "preemptions", "admissions", "finished"):
         assert ts_a[col].sum() == ts_c[col].sum(), col
     assert ((ts_a["batch_tokens"] * ts_a["num_steps"]) == ts_a["prefill_tokens"] + ts_a["decode_tokens"]).all()
+
+
+def test_simulate_takes_a_config_like_replay():
+    """``simulate(w, SimConfig(...))`` is ``simulate(w, **fields)``; keyword arguments override a config's fields."""
+    w = synthetic_chat(120, seed=9)
+    fields = dict(SMALL, model="mistral-7b", hardware="a100-80gb", policy="fifo", cache_at="compute", instances=2)
+    by_fields, by_config = simulate(w, **fields), simulate(w, SimConfig(**fields))
+    assert list(by_config.requests.columns) == list(by_fields.requests.columns)
+    pd.testing.assert_frame_equal(by_config.requests, by_fields.requests)
+    pd.testing.assert_frame_equal(by_config.timeseries, by_fields.timeseries)
+    assert by_config.config == by_fields.config
+    assert {k: v for k, v in by_config.summary.items() if k != "sim_seconds"} == {
+        k: v for k, v in by_fields.summary.items() if k != "sim_seconds"}
+    overridden = simulate(w, SimConfig(**dict(fields, policy="lru", instances=1)), policy="fifo", instances=2)
+    pd.testing.assert_frame_equal(overridden.requests, by_fields.requests)
+    assert overridden.config == by_fields.config
+    profile = simulate(w, SimConfig(**fields), model=load_model("mistral-7b"))  # used as given, recorded by name
+    pd.testing.assert_frame_equal(profile.requests, by_fields.requests)
+    assert profile.config.model == "mistral-7b"
 
 
 def test_simulate_writes_results_with_the_replay_names(tmp_path):

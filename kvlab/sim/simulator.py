@@ -1,7 +1,8 @@
 """The serving simulator: the shared cache core and scheduler, driven in simulated time by the cost model.
 
-``simulate(workload, model=..., hardware=..., policy=...)`` replays a trace's arrivals (scaled by
-``time_scale`` or to a target ``rate``) through :class:`~kvlab.sim.scheduler.Scheduler` with a
+``simulate(workload, config)`` (a :class:`SimConfig`) or ``simulate(workload, model=..., hardware=...,
+policy=...)`` (its fields; given with a config, they override its fields) replays a trace's arrivals
+(scaled by ``time_scale`` or to a target ``rate``) through :class:`~kvlab.sim.scheduler.Scheduler` with a
 :class:`CostModelExecutor`, so concurrency and memory pressure shape TTFT, throughput, hits and
 evictions. The KV pool is sized from the model and hardware (``gpu_memory_utilization``) unless
 ``capacity_blocks`` is given.
@@ -29,6 +30,7 @@ from kvlab.cache.manager import KVCacheManager
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, encode_workload
 from kvlab.metrics import summarize
+from kvlab.names import canonical_keys
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
@@ -349,77 +351,64 @@ def serving_results(workload: Workload, trace: TraceRequests, schedulers: list[S
 
 def simulate(
     workload: Workload,
+    config: SimConfig | None = None,
     *,
-    model: str | Path | ModelProfile = "llama-3-8b",
-    hardware: str | Path | HardwareProfile = "h100",
-    policy: str = "lru",
-    policy_params: dict | None = None,
-    capacity_blocks: int | None = None,
-    gpu_memory_utilization: float = 0.9,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
-    rate: float | None = None,
-    time_scale: float = 1.0,
-    block_size: int | None = None,
-    tensor_parallel: int = 1,
-    dtype: str | None = None,
-    kv_dtype: str | None = None,
-    cache_at: str = "schedule",
-    hash: str = "xxh3_128",
-    root_seed: int = 0,
-    fast_forward: bool = True,
-    instances: int = 1,
-    router: str = "prefix",
-    seed: int = 0,
     progress: bool = False,
+    **overrides: object,
 ) -> SimResult:
-    """Simulate serving ``workload`` (see the module docstring and docs/simulator.md).
+    """Simulate serving ``workload`` (see the module docstring and docs/simulator.md); ``overrides`` set
+    :class:`SimConfig` fields, as :func:`kvlab.replay.replay` does with a ReplayConfig.
 
-    ``block_size`` defaults to the trace's (hash traces) or 16 (token traces). ``cache_at`` chooses when
-    a computed block becomes findable (``"schedule"``: vLLM v1, in the step that computes it;
-    ``"compute"``: after that step). ``fast_forward=False`` steps decode runs one by one (same results,
-    slower). ``instances`` > 1 simulates that many identical, independent serving instances (data
+    ``model`` / ``hardware`` may also be a :class:`ModelProfile` / :class:`HardwareProfile` (used as given,
+    recorded by name) or a path. ``block_size`` defaults to the trace's (hash traces) or 16 (token traces).
+    ``cache_at`` chooses when a computed block becomes findable (``"schedule"``: vLLM v1, in the step that
+    computes it; ``"compute"``: after that step). ``fast_forward=False`` steps decode runs one by one (same
+    results, slower). ``instances`` > 1 simulates that many identical, independent serving instances (data
     parallel, one pool and scheduler each); ``router`` assigns requests to them (:func:`route_requests`).
     Output lengths of 0 are served as 1 token (a request samples at least one).
     """
-    config = SimConfig(
-        model=model.name if isinstance(model, ModelProfile) else str(model),
-        hardware=hardware.name if isinstance(hardware, HardwareProfile) else str(hardware),
-        policy=policy, policy_params=dict(policy_params or {}), capacity_blocks=capacity_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, rate=rate, time_scale=time_scale, block_size=block_size,
-        tensor_parallel=tensor_parallel, dtype=dtype, kv_dtype=kv_dtype, cache_at=cache_at, hash=hash,
-        root_seed=root_seed, fast_forward=fast_forward, instances=instances, router=router, seed=seed,
-    )  # validates every field before any work
-    model_p = load_model(model, dtype=dtype, kv_dtype=kv_dtype)
-    hw = load_hardware(hardware)
-    bs = block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    overrides = canonical_keys(overrides)  # old field names (kvlab.names) override under their new ones
+    profiles = {}  # model / hardware as given: a profile object is loaded as is, the config holds its name
+    for name, kind in (("model", ModelProfile), ("hardware", HardwareProfile)):
+        if name in overrides:
+            given = profiles[name] = overrides[name]
+            overrides[name] = given.name if isinstance(given, kind) else str(given)
+    if overrides.get("policy_params", {}) is None:
+        overrides["policy_params"] = {}
+    if config is None:
+        config = SimConfig(**overrides)  # type: ignore[arg-type]  # validates every field before any work
+    elif overrides:
+        config = SimConfig(**{**config.to_dict(), **overrides})
+    model_p = load_model(profiles.get("model", config.model), dtype=config.dtype, kv_dtype=config.kv_dtype)
+    hw = load_hardware(profiles.get("hardware", config.hardware))
+    bs = config.block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    params = config.policy_params  # as given: the policy fills in its defaults itself
     # every default that changes numbers filled in (the run's identity); the capacity stays as given
-    config = config.replace(block_size=bs, policy_params=resolved_policy_params(policy, policy_params))
-    cost = CostModel(model_p, hw, tensor_parallel=tensor_parallel)
-    capacity = capacity_blocks or kv_pool_blocks(
-        model_p, hw, bs, gpu_memory_utilization=gpu_memory_utilization, tensor_parallel=tensor_parallel,
-        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+    config = config.replace(block_size=bs, policy_params=resolved_policy_params(config.policy, params))
+    cost = CostModel(model_p, hw, tensor_parallel=config.tensor_parallel)
+    capacity = config.capacity_blocks or kv_pool_blocks(
+        model_p, hw, bs, gpu_memory_utilization=config.gpu_memory_utilization, tensor_parallel=config.tensor_parallel,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
     )
     pool = pool_blocks(capacity, serving_demand_blocks(workload, bs))
-    tr = trace_requests(workload, model_id=model_p.name, block_size=bs, rate=rate, time_scale=time_scale, hash=hash,
-                        root_seed=root_seed)
+    tr = trace_requests(workload, model_id=model_p.name, block_size=bs, rate=config.rate, time_scale=config.time_scale,
+                        hash=config.hash, root_seed=config.root_seed)
     n = len(workload)
-    route = route_requests(tr.keys, tr.offsets, tr.prompt_full.tolist(), instances, router)
-    bar = tqdm(total=n, disable=not progress, desc=f"simulate {policy}", unit="req", mininterval=0.5)
+    route = route_requests(tr.keys, tr.offsets, tr.prompt_full.tolist(), config.instances, config.router)
+    bar = tqdm(total=n, disable=not progress, desc=f"simulate {config.policy}", unit="req", mininterval=0.5)
     schedulers: list[Scheduler] = []
     t0 = time.perf_counter()
     try:
-        for inst in range(instances):
+        for inst in range(config.instances):
             rows = np.flatnonzero(route == inst).tolist()
             reqs = [tr.requests[r] for r in rows]
             for seq, req in enumerate(reqs):
                 req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
-            manager = make_manager(reqs, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
-                                   block_size=bs, cache_at=cache_at)
+            manager = make_manager(reqs, tr, policy=config.policy, policy_params=params, capacity_blocks=pool,
+                                   block_size=bs, cache_at=config.cache_at)
             scheduler = Scheduler(
-                manager, CostModelExecutor(cost), SimClock(), max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens, fast_forward=fast_forward,
+                manager, CostModelExecutor(cost), SimClock(), max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens, fast_forward=config.fast_forward,
                 on_finish=(lambda _req: bar.update()) if progress else None,
             )
             scheduler.run(reqs)
@@ -430,7 +419,7 @@ def simulate(
 
     frame, timeseries, summary, trace = serving_results(
         workload, tr, schedulers, cost=cost, capacity_blocks=capacity, block_size=bs, model=model_p, config=config,
-        seconds=sim_s, route=route if instances > 1 else None)
+        seconds=sim_s, route=route if config.instances > 1 else None)
     return SimResult(frame, timeseries, summary, config, trace, model_p, hw)
 
 
