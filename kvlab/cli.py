@@ -221,7 +221,7 @@ def _serve_on_engine(args: argparse.Namespace, workload):
     from kvlab.sim.simulator import serving_demand_blocks
 
     model = build_random_model(args.engine_model, seed=args.seed, device=args.engine_device)
-    block_size = args.block_size or 16
+    block_size = args.block_size or workload.default_block_size
     # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
     pool = pool_blocks(args.capacity_blocks or 1024, serving_demand_blocks(workload, block_size))
     engine = Engine(model, capacity_blocks=pool, block_size=block_size,

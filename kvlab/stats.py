@@ -19,7 +19,7 @@ def trace_stats(workload: Workload, *, block_size: int | None = None, hash_schem
     that occurred earlier in the trace — the block-level "cache ratio" some papers report.
     """
     if block_size is None:
-        bs = workload.block_size if workload.kind == "blocks" else 16
+        bs = workload.default_block_size
     else:  # 0 is a mistake, not "the default"; encode_workload names any other bad value
         bs = block_size
         if bs == 0 and not isinstance(bs, bool):

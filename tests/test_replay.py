@@ -104,6 +104,22 @@ def test_block_trace_replay_and_partial_blocks():
     assert r.requests["new_blocks"].tolist() == [3, 1]
 
 
+def test_one_default_block_size_for_every_driver():
+    """Workload.default_block_size: the trace's own (hash traces) or 16 (token traces), in replay, simulate
+    and trace stats alike."""
+    from kvlab.sim import simulate
+    from kvlab.stats import trace_stats
+
+    blocks = from_lists([[0, 1, 2], [0, 1, 3]], kind="blocks", block_size=4, input_length=[10, 11])
+    tokens = from_lists([list(range(40)), list(range(30))])
+    assert (blocks.default_block_size, tokens.default_block_size) == (4, 16)
+    for w in (blocks, tokens):
+        bs = w.default_block_size
+        assert replay(w, capacity_blocks=10).summary["block_size"] == bs
+        assert simulate(w, capacity_blocks=10).summary["block_size"] == bs
+        assert trace_stats(w)["block_size"] == bs
+
+
 def test_results_on_disk_and_deterministic(tmp_path):
     w = random_token_workload(1)
     a = replay(w, capacity_blocks=16, block_size=4)

@@ -58,7 +58,7 @@ class ReplayConfig(Schema):
     """
 
     capacity_blocks: CapacityBlocks
-    block_size: BlockSize | None = None  # default: the trace's block size (hash traces) or 16 (token traces)
+    block_size: BlockSize | None = None  # default: Workload.default_block_size (the trace's, or 16 for tokens)
     policy: str = "lru"
     policy_params: dict = Field(default_factory=dict)
     hash: HashScheme = "xxh3_128"
@@ -112,19 +112,15 @@ class ReplayResult:
         return write_results(out, {"requests": self.requests}, self.summary, manifest)
 
 
-def default_block_size(workload: Workload) -> int:
-    return workload.block_size if workload.kind == "blocks" else 16
-
-
 def resolve_config(workload: Workload, config: ReplayConfig) -> ReplayConfig:
     """``config`` with every default that changes numbers filled in: the block size from the workload,
     the policy's parameters with its constructor defaults. Its ``to_dict()`` is the config part of the
     run identity (kvlab.results); the capacity is kept as given."""
     return ReplayConfig(**{
         **config.to_dict(),
-        "block_size": config.block_size or default_block_size(workload),
+        "block_size": config.block_size or workload.default_block_size,
         "policy_params": resolved_policy_params(config.policy, config.policy_params),
-        "tiers": resolve_tiers(config.tiers, config.model, config.block_size or default_block_size(workload)),
+        "tiers": resolve_tiers(config.tiers, config.model, config.block_size or workload.default_block_size),
     })
 
 
@@ -134,7 +130,7 @@ def make_hasher(config: ReplayConfig) -> BlockHasher:
 
 def encode(workload: Workload, config: ReplayConfig, *, progress: bool = False) -> EncodedWorkload:
     """Hash a workload's prompts for ``config`` (reusable across capacities and policies)."""
-    block_size = config.block_size or default_block_size(workload)
+    block_size = config.block_size or workload.default_block_size
     return encode_workload(workload, make_hasher(config), block_size, verify=config.verify, progress=progress)
 
 

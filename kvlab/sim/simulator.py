@@ -360,12 +360,12 @@ def simulate(
     :class:`SimConfig` fields, as :func:`kvlab.replay.replay` does with a ReplayConfig.
 
     ``model`` / ``hardware`` may also be a :class:`ModelProfile` / :class:`HardwareProfile` (used as given,
-    recorded by name) or a path. ``block_size`` defaults to the trace's (hash traces) or 16 (token traces).
-    ``cache_at`` chooses when a computed block becomes findable (``"schedule"``: vLLM v1, in the step that
-    computes it; ``"compute"``: after that step). ``fast_forward=False`` steps decode runs one by one (same
-    results, slower). ``instances`` > 1 simulates that many identical, independent serving instances (data
-    parallel, one pool and scheduler each); ``router`` assigns requests to them (:func:`route_requests`).
-    Output lengths of 0 are served as 1 token (a request samples at least one).
+    recorded by name) or a path. ``block_size`` defaults to ``workload.default_block_size`` (the trace's on
+    hash traces, else 16). ``cache_at`` chooses when a computed block becomes findable (``"schedule"``: vLLM
+    v1, in the step that computes it; ``"compute"``: after that step). ``fast_forward=False`` steps decode
+    runs one by one (same results, slower). ``instances`` > 1 simulates that many identical, independent
+    serving instances (data parallel, one pool and scheduler each); ``router`` assigns requests to them
+    (:func:`route_requests`). Output lengths of 0 are served as 1 token (a request samples at least one).
     """
     overrides = canonical_keys(overrides)  # old field names (kvlab.names) override under their new ones
     profiles = {}  # model / hardware as given: a profile object is loaded as is, the config holds its name
@@ -381,7 +381,7 @@ def simulate(
         config = SimConfig(**{**config.to_dict(), **overrides})
     model_p = load_model(profiles.get("model", config.model), dtype=config.dtype, kv_dtype=config.kv_dtype)
     hw = load_hardware(profiles.get("hardware", config.hardware))
-    bs = config.block_size or (workload.block_size if workload.kind == "blocks" else 16)
+    bs = config.block_size or workload.default_block_size
     params = config.policy_params  # as given: the policy fills in its defaults itself
     # every default that changes numbers filled in (the run's identity); the capacity stays as given
     config = config.replace(block_size=bs, policy_params=resolved_policy_params(config.policy, params))

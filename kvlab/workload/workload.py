@@ -25,6 +25,8 @@ import pandas as pd
 from kvlab.errors import ConfigError
 
 PromptKind = str  # "blocks" | "tokens"
+#: tokens per block of a token trace when none is given (vLLM's default); hash traces use their own
+DEFAULT_BLOCK_SIZE = 16
 CATEGORICAL_COLUMNS = ("tenant", "category", "adapter", "salt")
 INT_COLUMNS = ("request_id", "session", "turn", "parent")
 
@@ -134,6 +136,12 @@ class Workload:
         if self.output_offsets is None:
             return None
         return self.output_values[self.output_offsets[i] : self.output_offsets[i + 1]]
+
+    @property
+    def default_block_size(self) -> int:
+        """Tokens per block when none is given, for every driver: the trace's own ``block_size`` (hash traces),
+        else :data:`DEFAULT_BLOCK_SIZE` (token traces)."""
+        return self.block_size if self.kind == "blocks" else DEFAULT_BLOCK_SIZE
 
     @property
     def duration(self) -> float:
