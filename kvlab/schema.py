@@ -33,7 +33,7 @@ TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet"]
 
 
 #: fields whose CLI flag is not simply the field name with dashes
-FLAG_NAMES = {"policy_params": "--policy-param", "fast_forward": "--no-fast-forward"}
+FLAG_NAMES = {"policy_params": "--policy-param", "fast_forward": "--no-fast-forward", "tiers": "--tier"}
 
 _BOUND_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
 _PLAIN = {

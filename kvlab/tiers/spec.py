@@ -12,16 +12,36 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from kvlab.errors import ConfigError
-from kvlab.schema import MAX_CAPACITY_BLOCKS, CapacityBlocks, Schema, check_policy_name, check_policy_params
+from kvlab.schema import (
+    MAX_CAPACITY_BLOCKS,
+    CapacityBlocks,
+    Schema,
+    _describe,
+    _metadata,
+    check_policy_name,
+    check_policy_params,
+)
 
 WriteMode = Literal["write_through", "write_through_selective", "write_back"]
 Inclusion = Literal["none", "inclusive", "exclusive"]
 TierName = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
 #: names a lower tier may not take (the device tier's; columns are ``hit_tokens_<name>``)
 RESERVED = {"device", "total", "ideal"}
+#: Tier field -> its key in the ``--tier`` spelling (error messages name both)
+SPEC_KEYS = {"name": "NAME", "capacity_blocks": "blocks", "capacity_gib": "gib", "policy": "policy",
+             "policy_params": "policy parameters", "write": "write", "selective_hits": "selective",
+             "inclusion": "inclusion", "chunk_blocks": "chunk", "touch": "touch"}
+
+
+class TierFieldError(ConfigError):
+    """A bad :class:`Tier` field: ``field``, its ``--tier`` key ``key`` and what is wrong (``detail``)."""
+
+    def __init__(self, name: object, field: str, detail: str) -> None:
+        self.field, self.key, self.detail = field, SPEC_KEYS.get(field, field), detail
+        super().__init__(f"tier {name!r}: {field} ({self.key}=) {detail}")
 
 
 class Tier(Schema):
@@ -56,6 +76,21 @@ class Tier(Schema):
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
 
+    def __init__(self, **data: object) -> None:
+        """Validated at construction: ConfigError naming the field and its ``--tier`` key (TierFieldError)."""
+        try:
+            BaseModel.__init__(self, **data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = [str(p) for p in err.get("loc", ()) if not isinstance(p, int)]
+            if not loc:  # a model check: its message names the tier
+                raise ConfigError(_describe(err, None)) from None
+            info = type(self).model_fields.get(loc[0])
+            detail = _describe(err, _metadata(info))
+            if loc[0] == "name" and err.get("type") == "string_pattern_mismatch":
+                detail = f"must start with a letter and hold only letters, digits and _, got {err['input']!r}"
+            raise TierFieldError(data.get("name"), loc[0], detail) from None
+
     @model_validator(mode="after")
     def _consistent(self) -> Tier:
         if self.name in RESERVED:
@@ -68,7 +103,8 @@ class Tier(Schema):
 
     def resolve(self, kv_bytes_per_block: int | None) -> Tier:
         """This tier with ``capacity_blocks`` set: a ``capacity_gib`` tier is converted with the model's KV
-        bytes per block (whole blocks, rounded down); ConfigError without a model."""
+        bytes per block (whole blocks, rounded down; the result names blocks only, as a run's identity does);
+        ConfigError without a model."""
         if self.capacity_blocks is not None:
             return self
         if not kv_bytes_per_block:
@@ -78,7 +114,7 @@ class Tier(Schema):
         if not 1 <= blocks <= MAX_CAPACITY_BLOCKS:
             raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} is {blocks} blocks of "
                               f"{kv_bytes_per_block} bytes; must be in [1, {MAX_CAPACITY_BLOCKS}]")
-        return self.replace(capacity_blocks=blocks)
+        return self.replace(capacity_blocks=blocks, capacity_gib=None)
 
     @property
     def chunk_slots(self) -> int:
@@ -138,8 +174,10 @@ def parse_tier(text: str, flag: str = "--tier") -> Tier:
         fields["policy_params"] = params
     try:
         return Tier(**fields)
+    except TierFieldError as err:
+        raise ConfigError(f"{flag} {text!r}: {err.key} {err.detail}") from None
     except ConfigError as err:
-        raise ConfigError(f"{flag} {text!r}: {err}") from None
+        raise ConfigError(f"{flag} {text!r}: {str(err).removeprefix(f'tier {name!r}: ')}") from None
 
 
 def _number(value: str, kind: type, text: str, key: str, flag: str, strict: bool = True) -> object:
