@@ -76,6 +76,8 @@ class KVRequest:
     orphan_evictions: int = 0
     slot_tokens: int = 0  # = len(blocks) * block_size: tokens the held blocks have room for
     key_at: int = 0  # tokens after which the next block gets a key (a huge number when no key is left)
+    lower: Sequence = ()  # lower-tier hits found by get_computed_blocks, for the admission that follows it
+    tier_hits: list[int] = field(default_factory=list)  # blocks loaded per lower tier at the first admission
 
     def __post_init__(self) -> None:
         if self.num_tokens < 0:
@@ -115,6 +117,7 @@ class KVCacheManager:
         ``(num_tokens - 1) // block_size`` blocks (the last known token is always recomputed).
         """
         found = admission.lookup(self.cache, req.keys, req.num_tokens)
+        req.lower = found.lower  # (tiers: used by the allocate_slots that admits it, right after)
         return found.hits, found.num_blocks * self.block_size
 
     def allocate_slots(
@@ -143,7 +146,8 @@ class KVCacheManager:
             if blocks:
                 raise ConfigError(f"request {req.request_id} is admitted while it holds blocks")
             hits = new_computed_blocks if isinstance(new_computed_blocks, list) else list(new_computed_blocks)
-            found = Lookup(hits)
+            found = Lookup(hits, req.lower)
+            req.lower = ()
             num_hit = found.num_blocks  # hits on every tier: their tokens count as computed
             computed = req.num_computed_tokens + num_hit * bs
             need = -(-(computed + num_new_tokens) // bs) - len(found.hits)  # lower-tier hits need device blocks
@@ -157,8 +161,15 @@ class KVCacheManager:
             else:
                 req.readmission_hit_blocks += num_hit
             blocks.extend(found.hits)
-            req.num_keyed_blocks = len(found.hits)  # loaded blocks are keyed below, like computed ones
+            req.num_keyed_blocks = len(found.hits)
             req.num_computed_tokens = computed
+            loaded = len(found.lower)
+            if loaded:  # loaded blocks get their keys now (their K/V is in the pool once loaded)
+                admission.key(cache, placed.blocks[:loaded], req.keys, len(found.hits), ctx, req.truths,
+                              loaded=loaded)
+                req.num_keyed_blocks += loaded
+                if req.admissions == 1:
+                    req.tier_hits = placed.loaded
         else:
             computed = req.num_computed_tokens
             need = -(-(computed + num_new_tokens) // bs) - len(blocks)

@@ -357,8 +357,10 @@ class PrefixCache:
         placed = admission.admit(self, found, keys, num_new, ctx)
         if placed is None:
             return None
-        # loaded and computed blocks
-        admission.key(self, placed.blocks[: len(keys) - d], keys, d, ctx, truths, loaded=len(found.lower))
+        loaded = len(found.lower)  # lower-tier hits, loaded into the first new blocks; then the computed ones
+        if loaded:
+            admission.key(self, placed.blocks[:loaded], keys, d, ctx, truths, loaded=loaded)
+        admission.key(self, placed.blocks[loaded : len(keys) - d], keys, d + loaded, ctx, truths)
         self.stats.collisions += found.collisions
         return Admission(found.hits + placed.blocks, found.num_blocks, num_new, placed.evictions, found.collisions,
                          placed.orphan_evictions, placed.loaded)

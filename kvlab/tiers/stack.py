@@ -99,7 +99,12 @@ class TierHits:
     loaded: int = 0
 
     def __len__(self) -> int:
+        """Blocks that will be loaded (hits from the lower tiers)."""
         return self.loaded
+
+    def __bool__(self) -> bool:
+        """Whether anything was found (to pin), loaded or not."""
+        return bool(self.segments)
 
     def loaded_by_level(self, levels: int) -> list[int]:
         """Loaded blocks per lower tier (index 0 = level 1)."""
@@ -182,7 +187,8 @@ class TierStack:
         """The request whose admission runs now (hooks run by evictions see its context)."""
         self.ctx = ctx
 
-    def load(self, found: TierHits | tuple, keys: Sequence[Hashable], device_hits: int, ctx: AccessContext) -> list[int]:
+    def load(self, found: TierHits | tuple, keys: Sequence[Hashable], device_hits: int,
+             ctx: AccessContext) -> list[int]:
         """Read the loaded chunks, release the pins, touch the request's other chunks; returns the loaded
         blocks per lower tier (index 0 = level 1). Selective hit counts are updated here. ``found`` is ``()``
         when the device hits reached the hit limit (no lower-tier lookup)."""
