@@ -103,7 +103,8 @@ class Tier(Schema):
 
     def resolve(self, kv_bytes_per_block: int | None) -> Tier:
         """This tier with ``capacity_blocks`` set: a ``capacity_gib`` tier is converted with the model's KV
-        bytes per block (whole blocks, rounded down); ConfigError without a model."""
+        bytes per block (whole blocks, rounded down; the result names blocks only, as a run's identity does);
+        ConfigError without a model."""
         if self.capacity_blocks is not None:
             return self
         if not kv_bytes_per_block:
@@ -113,7 +114,7 @@ class Tier(Schema):
         if not 1 <= blocks <= MAX_CAPACITY_BLOCKS:
             raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} is {blocks} blocks of "
                               f"{kv_bytes_per_block} bytes; must be in [1, {MAX_CAPACITY_BLOCKS}]")
-        return self.replace(capacity_blocks=blocks)
+        return self.replace(capacity_blocks=blocks, capacity_gib=None)
 
     @property
     def chunk_slots(self) -> int:
