@@ -154,6 +154,9 @@ def replay_kernel(
         total = num_blocks[r]
         if total > req_blocks.shape[0]:
             req_blocks = np.empty(total, np.int64)
+        # admission steps (kvlab.cache.admission): 1 lookup; 2 lower-tier lookup: none in this kernel (tiers:
+        # kvlab.tiers); 3 fit; 4 pin; 5 on_miss; 6 allocate; 7 load: none; 8 key
+        # 1 lookup: device hits from position 0 to the first miss, at most max_hit
         max_hit = max_hit_blocks(nfull, prompt_tokens[r], block_size, ideal)
         h = 0
         while h < max_hit:
@@ -165,6 +168,7 @@ def replay_kernel(
                 break
             req_blocks[h] = b
             h += 1
+        # 3 fit: the new blocks within free + evictable minus the hits that are evictable now
         need = total - h
         evictable_hits = 0
         for i in range(h):
@@ -177,7 +181,7 @@ def replay_kernel(
         admitted[r] = True
         hit_blocks[r] = h
         new_blocks[r] = need
-        # touch: count the hit and pin
+        # 4 pin: count the hit and pin
         for i in range(h):
             b = req_blocks[i]
             on_hit(state, b, bkey[b], r, i)
@@ -185,7 +189,7 @@ def replay_kernel(
                 on_pin(state, b, r)
                 n_evictable -= 1
             ref[b] += 1
-        # name the keys about to be computed, then allocate: free queue front first, then policy victims
+        # 5 on_miss: name the keys about to be computed; 6 allocate: free queue front first, then victims
         for pos in range(h, nfull):
             on_miss(state, key_ids[start + pos], r, pos)
         ev = 0
@@ -222,7 +226,7 @@ def replay_kernel(
             ref[b] = 1
             req_blocks[h + j] = b
         evictions[r] = ev
-        # key the new full blocks (after all allocations, as vLLM's cache_full_blocks does)
+        # 8 key the new full blocks (after all allocations, as vLLM's cache_full_blocks does)
         for pos in range(h, nfull):
             b = req_blocks[pos]
             k = key_ids[start + pos]
