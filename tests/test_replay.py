@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from _util import random_token_workload
@@ -118,6 +119,24 @@ def test_one_default_block_size_for_every_driver():
         assert replay(w, capacity_blocks=10).summary["block_size"] == bs
         assert simulate(w, capacity_blocks=10).summary["block_size"] == bs
         assert trace_stats(w)["block_size"] == bs
+
+
+def test_every_driver_starts_from_one_requests_frame():
+    """kvlab.results.frame.requests_frame: the leading columns, a driver's own columns, then the labels."""
+    from kvlab.results.frame import DRIVER_COLUMNS, requests_frame
+    from kvlab.sim import simulate
+
+    w = from_lists([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], tenant=["a", "b"])
+    base = requests_frame(w, 2, {c: np.zeros(2, np.int64) for c in DRIVER_COLUMNS}, np.array([0, 2]),
+                          extra={"mine": np.ones(2)})
+    lead = list(base.columns)[:-2]
+    assert list(base.columns)[-2:] == ["mine", "tenant"] and len(lead) == 14
+    assert base["full_blocks"].tolist() == [2, 2] and base["ideal_hit_tokens"].tolist() == [0, 4]
+    rep = replay(w, capacity_blocks=10, block_size=2, verify=True).requests
+    sim = simulate(w, capacity_blocks=10, block_size=2).requests
+    assert list(rep.columns) == [*lead, "collisions", "tenant"]
+    assert list(sim.columns)[: len(lead)] == lead and list(sim.columns)[-1] == "tenant"
+    pd.testing.assert_frame_equal(rep[lead[:3]], sim[lead[:3]])
 
 
 def test_results_on_disk_and_deterministic(tmp_path):

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.results import build_manifest, write_results
+from kvlab.results.frame import DRIVER_COLUMNS, ENGINE_LABELS, requests_frame
 from kvlab.workload.workload import Workload
 
 
@@ -33,32 +34,12 @@ class EngineResult:
 
 def request_frame(workload: Workload, rows: list[dict], ideal: np.ndarray, block_size: int) -> pd.DataFrame:
     """One row per request in trace order: the replay's columns (hits, evictions, cached blocks, ideal hits in
-    tokens), the workload's labels, then every column of ``rows`` (one dict per request) and the derived
-    ``prefill_tokens_per_s`` and ``tpot_s`` (NaN without decode steps)."""
-    bs = block_size
+    tokens; :func:`kvlab.results.frame.requests_frame`), the workload's labels (the adapter too), then every
+    column of ``rows`` (one dict per request) and the derived ``prefill_tokens_per_s`` and ``tpot_s`` (NaN
+    without decode steps)."""
     cols = pd.DataFrame(rows)
-    prompt = np.asarray(workload.input_length, dtype=np.int64)
-    hit_blocks = cols["hit_blocks"].to_numpy(np.int64)
-    frame = pd.DataFrame({
-        "request_id": workload.request_id,
-        "arrival": workload.arrival,
-        "prompt_tokens": prompt,
-        "output_tokens": workload.output_length,
-        "full_blocks": prompt // bs,
-        "hit_blocks": hit_blocks,
-        "hit_tokens": np.minimum(hit_blocks * bs, prompt),
-        "new_blocks": cols["new_blocks"].to_numpy(np.int64),
-        "evictions": cols["evictions"].to_numpy(np.int64),
-        "orphan_evictions": cols["orphan_evictions"].to_numpy(np.int64),
-        "admitted": cols["admitted"].to_numpy(bool),
-        "cached_blocks": cols["cached_blocks"].to_numpy(np.int64),
-        "orphan_blocks": cols["orphan_blocks"].to_numpy(np.int64),
-        "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
-    })
-    for name in ("session", "turn", "tenant", "category", "adapter"):
-        col = getattr(workload, name)
-        if col is not None:
-            frame[name] = col
+    frame = requests_frame(workload, block_size, {name: cols[name].to_numpy() for name in DRIVER_COLUMNS}, ideal,
+                           labels=ENGINE_LABELS)
     extra = cols.drop(columns=[c for c in frame.columns if c in cols.columns])
     frame = pd.concat([frame, extra.set_index(frame.index)], axis=1)
     comp = frame["computed_tokens"].to_numpy(np.float64)

@@ -31,6 +31,7 @@ from kvlab.names import canonical_keys
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
+from kvlab.results.frame import requests_frame
 from kvlab.schema import (
     BlockSize,
     CapacityBlocks,
@@ -256,32 +257,9 @@ def _labels(col: pd.Categorical | None) -> list | None:
 def _requests_frame(
     workload: Workload, enc: EncodedWorkload, config: ReplayConfig, cols: dict[str, np.ndarray], ideal: np.ndarray
 ) -> pd.DataFrame:
-    bs = enc.block_size
-    prompt = enc.prompt_tokens
-    full = np.diff(enc.offsets)
-    hit_tokens = np.minimum(cols["hit_blocks"] * bs, prompt)
-    frame = pd.DataFrame(
-        {
-            "request_id": workload.request_id,
-            "arrival": workload.arrival,
-            "prompt_tokens": prompt,
-            "output_tokens": workload.output_length,
-            "full_blocks": full,
-            "hit_blocks": cols["hit_blocks"],
-            "hit_tokens": hit_tokens,
-            "new_blocks": cols["new_blocks"],
-            "evictions": cols["evictions"],
-            "orphan_evictions": cols["orphan_evictions"],
-            "admitted": cols["admitted"],
-            "cached_blocks": cols["cached_blocks"],
-            "orphan_blocks": cols["orphan_blocks"],
-            "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
-        }
+    """The common per-request columns (:func:`kvlab.results.frame.requests_frame`), ``collisions`` when
+    verifying, then the labels."""
+    return requests_frame(
+        workload, enc.block_size, cols, ideal, prompt_tokens=enc.prompt_tokens, full_blocks=np.diff(enc.offsets),
+        extra={"collisions": cols["collisions"]} if config.verify else None,
     )
-    if config.verify:
-        frame["collisions"] = cols["collisions"]
-    for name in ("session", "turn", "tenant", "category"):
-        col = getattr(workload, name)
-        if col is not None:
-            frame[name] = col
-    return frame

@@ -34,6 +34,7 @@ from kvlab.names import canonical_keys
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
+from kvlab.results.frame import DRIVER_COLUMNS, requests_frame
 from kvlab.schema import (
     BlockSize,
     CapacityBlocks,
@@ -425,30 +426,16 @@ def simulate(
 
 def _requests_frame(workload: Workload, requests: list[Request], arrival: np.ndarray, prompt: np.ndarray,
                     prompt_full: np.ndarray, ideal: np.ndarray, bs: int) -> pd.DataFrame:
+    """The common per-request columns (:func:`kvlab.results.frame.requests_frame`; ``arrival``: the scaled
+    arrivals, s), the serving columns (latencies in s, preemptions, re-admission hits), then the labels."""
     def col(name: str, dtype: type = np.int64) -> np.ndarray:
         return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
 
-    status = col("status")
-    admitted = col("admissions") > 0
-    hit_blocks = col("hit_blocks")
+    counts = {name: col(name) for name in DRIVER_COLUMNS if name != "admitted"}
     first = col("first_token_s", np.float64)
     finished = col("finished_s", np.float64)
     out = col("output_length")
-    frame = pd.DataFrame({
-        "request_id": workload.request_id,
-        "arrival": arrival,
-        "prompt_tokens": prompt,
-        "output_tokens": workload.output_length,
-        "full_blocks": prompt_full,
-        "hit_blocks": hit_blocks,
-        "hit_tokens": np.minimum(hit_blocks * bs, prompt),
-        "new_blocks": col("new_blocks"),
-        "evictions": col("evictions"),
-        "orphan_evictions": col("orphan_evictions"),
-        "admitted": admitted,
-        "cached_blocks": col("cached_blocks"),
-        "orphan_blocks": col("orphan_blocks"),
-        "ideal_hit_tokens": np.minimum(ideal * bs, prompt),
+    serving = {
         "admitted_s": col("admitted_s", np.float64),
         "first_token_s": first,
         "finished_s": finished,
@@ -462,13 +449,10 @@ def _requests_frame(workload: Workload, requests: list[Request], arrival: np.nda
         "computed_prompt_tokens": col("computed_prompt_tokens"),
         "prefill_tokens": col("prefill_tokens"),
         "computed_tokens": col("computed_tokens"),
-        "rejected": status == RequestStatus.REJECTED,
-    })
-    for name in ("session", "turn", "tenant", "category"):
-        c = getattr(workload, name)
-        if c is not None:
-            frame[name] = c
-    return frame
+        "rejected": col("status") == RequestStatus.REJECTED,
+    }
+    return requests_frame(workload, bs, {**counts, "admitted": col("admissions") > 0}, ideal, arrival=arrival,
+                          prompt_tokens=prompt, full_blocks=prompt_full, extra=serving)
 
 
 def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler], cost: CostModel,
