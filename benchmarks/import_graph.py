@@ -39,6 +39,8 @@ def discover(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Module]:
     """Every ``.py`` file under ``root/package`` as a :class:`Module` (imports not yet read)."""
     mods: dict[str, Module] = {}
     for path in sorted((root / package).rglob("*.py")):
+        if "__pycache__" in path.parts:  # generated kernel modules (kvlab.cache.compiled), not the package's
+            continue
         rel = path.relative_to(root).with_suffix("")
         parts = list(rel.parts)
         is_pkg = parts[-1] == "__init__"
