@@ -1,4 +1,7 @@
-"""The ``kvlab`` command line: trace statistics, replays, sweeps, downloads and the embedded demo."""
+"""The ``kvlab`` command line: trace statistics, replays, sweeps, downloads and the embedded demo.
+
+``kvlab replay`` and ``kvlab sweep`` live in :mod:`kvlab.cli_replay` (their flags, checks and table).
+"""
 
 from __future__ import annotations
 
@@ -10,25 +13,13 @@ from typing import Annotated
 
 from pydantic import Field
 
+from kvlab.cli_common import FORMATS
+from kvlab.cli_common import flagged as _flagged
+from kvlab.cli_common import load as _load
+from kvlab.cli_common import policy_params as _policy_params
+from kvlab.cli_common import selection as _selection
+from kvlab.cli_replay import add_run_args, cmd_replay, cmd_sweep
 from kvlab.errors import ConfigError, KvlabError
-
-FORMATS = ("mooncake", "alibaba", "jsonl", "parquet")
-
-
-def _selection(trace: str, args: argparse.Namespace):
-    """The validated trace selection (path or name, format, --limit): checked before anything is read."""
-    from kvlab.schema import TraceSelection
-
-    return TraceSelection(trace=str(trace), format=args.format, limit=args.limit)
-
-
-def _load(args: argparse.Namespace, trace: str | None = None):
-    """Load ``trace`` (default: ``args.trace``) and keep its first ``--limit`` requests."""
-    from kvlab.workload import load_trace
-
-    sel = _selection(trace if trace is not None else args.trace, args)
-    workload = load_trace(sel.trace, format=sel.format)
-    return workload.head(sel.limit) if sel.limit is not None else workload
 
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
@@ -44,112 +35,6 @@ def cmd_trace_stats(args: argparse.Namespace) -> int:
         text = f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
         print(f"{key:<{width}}  {text}")
     return 0
-
-
-def _policies(names: list[str]) -> list[str]:
-    from kvlab.policies import available_policies
-
-    return available_policies() if names == ["all"] else names
-
-
-def _policy_params(items: list[str]) -> dict:
-    """``key=value`` pairs; values parsed as JSON where possible (numbers, lists), else kept as text."""
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--policy-param expects KEY=VALUE, got {item!r}")
-        if key in params:
-            raise ConfigError(f"--policy-param: {key!r} given twice")
-        try:
-            params[key] = json.loads(value)
-        except (json.JSONDecodeError, RecursionError):
-            params[key] = value
-    return params
-
-
-def _replay_configs(args: argparse.Namespace):
-    from kvlab.sweep import grid
-
-    return grid(
-        args.capacity_blocks,
-        policies=_policies(args.policy),
-        policy_params=_policy_params(args.policy_param),
-        modes=args.mode,
-        block_size=args.block_size,
-        hash=args.hash,
-        root_seed=args.root_seed,
-        backend=args.backend,
-        verify=args.verify,
-        seed=args.seed,
-    )
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from kvlab.replay import replay
-    from kvlab.results import check_output_location
-    from kvlab.sweep import run_sweep
-
-    _selection(args.trace, args)
-    configs = _replay_configs(args)  # every parameter checked before the trace is read
-    single = len(configs) == 1
-    if args.out:
-        check_output_location(args.out, kind="run" if single else "sweep")
-    workload = _load(args)
-    if single:
-        result = replay(workload, configs[0], progress=not args.quiet)
-        if args.out:
-            result.save(args.out)
-        _print_summary([{"trace": workload.name, **result.summary}])
-    else:
-        table = run_sweep(workload, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
-        _print_summary(table.to_dict("records"))
-    if args.out:
-        print(f"results written to {args.out}")
-    return 0
-
-
-def _print_summary(rows: list[dict]) -> None:
-    """One line per run; rejected requests (larger than the cache, never served) always shown."""
-    cols = ["trace", "policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
-            "ideal_hit_rate", "evictions", "rejected_requests", "replay_seconds"]
-    cols = [c for c in cols if any(c in row for row in rows)]
-    print("  ".join(f"{c:>15}" for c in cols))
-    for row in rows:
-        cells = []
-        for c in cols:
-            v = row.get(c)
-            cells.append(f"{v:>15.4f}" if isinstance(v, float) else f"{v!s:>15}")
-        print("  ".join(cells))
-    for row in rows:
-        if row.get("rejected_requests"):
-            print(f"note: {row['rejected_requests']:,} of {row.get('requests', '?'):,} requests rejected at "
-                  f"capacity {row.get('capacity_blocks')} blocks (a prompt larger than the cache is never served; "
-                  f"hit rates count their prompt tokens as misses)")
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Every trace x policy x capacity x mode; one folder per trace (a safe name) plus a combined table."""
-    from kvlab.results import check_output_location
-    from kvlab.sweep import run_sweeps
-
-    for trace in args.traces:
-        _selection(trace, args)
-    configs = _replay_configs(args)
-    check_output_location(args.out, kind="sweeps")
-    workloads = [_load(args, trace) for trace in args.traces]  # every trace validated before the first run
-    table = run_sweeps(workloads, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
-    _print_summary(table.to_dict("records"))
-    print(f"results written to {args.out}")
-    return 0
-
-
-def _flagged(flag: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, its ConfigError prefixed with the flag whose value it checks."""
-    try:
-        return fn(*args, **kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def _check_new_file(path: Path) -> None:
@@ -375,32 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     trace_args(stats)
     stats.set_defaults(func=cmd_trace_stats)
 
-    def run_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--capacity-blocks", type=int, nargs="+", required=True, help="cache capacity in blocks")
-        sp.add_argument("--policy", nargs="+", default=["lru"],
-                        help="eviction policy name(s) (kvlab policies), or 'all'")
-        sp.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
-                        help="policy constructor argument (repeatable; JSON values)")
-        sp.add_argument("--mode", nargs="+", default=["vllm"], choices=["vllm", "ideal"], help="hit counting mode")
-        sp.add_argument("--backend", "--engine", dest="backend", default="auto", choices=["auto", "compiled", "python"],
-                        help="replay backend: the numba kernel (compiled), the Python core, or auto (compiled when "
-                             "the policy has a compiled form); --engine is the old name")
-        sp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
-        sp.add_argument("--root-seed", type=int, default=0)
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--no-resume", action="store_true", help="redo sweep runs already on disk")
-        sp.add_argument("--quiet", action="store_true")
-
     rp = sub.add_parser("replay", parents=[common],
                         help="sequential cache-only replay (one run, or a sweep of several)")
     trace_args(rp)
-    run_args(rp)
+    add_run_args(rp)
     rp.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
     rp.set_defaults(func=cmd_replay)
 
     sw = sub.add_parser("sweep", parents=[common], help="replay several traces x policies x capacities into one table")
     trace_args(sw, many=True)
-    run_args(sw)
+    add_run_args(sw)
     sw.add_argument("--out", type=Path, required=True, help="results folder: OUT/<trace>/ + OUT/sweep.parquet")
     sw.set_defaults(func=cmd_sweep)
 

@@ -1,5 +1,5 @@
-"""Sweeps: many replays of one workload (policies x capacities x counting modes), resumable and safe to
-run concurrently on one folder.
+"""Sweeps: many replays of one workload (policies x capacities x counting modes x tier lists), resumable and
+safe to run concurrently on one folder.
 
 Layout under OUT (docs/results.md)::
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvlab.errors import ResultsError
+from kvlab.errors import ConfigError, ResultsError
 from kvlab.names import canonical_keys
 from kvlab.replay import ReplayConfig, ReplayResult, encode, replay, resolve_config
 from kvlab.results import (
@@ -74,13 +74,32 @@ def grid(
     capacities: Iterable[int],
     policies: Sequence[str] = ("lru",),
     modes: Sequence[str] = ("vllm",),
+    tiers: Sequence = (),
     **common: object,
 ) -> list[ReplayConfig]:
-    """ReplayConfigs for every (policy, capacity, mode), sharing the ``common`` fields."""
-    return [
-        ReplayConfig(capacity_blocks=int(c), policy=p, mode=m, **common)  # type: ignore[arg-type]
-        for p, c, m in itertools.product(policies, capacities, modes)
-    ]
+    """ReplayConfigs for every (policy, capacity, mode, tier list), sharing the ``common`` fields.
+
+    ``tiers``: one list of :class:`~kvlab.tiers.Tier` (every run has them), or a list of such lists (a sweep
+    axis: one run per list; ``[]`` in it is a run without tiers), e.g. ``[[Tier(name="dram",
+    capacity_blocks=c)] for c in (1000, 10000)]``. A run without tiers drops ``model`` and
+    ``max_load_tokens`` (they change nothing there), so it keeps the run id of a plain replay."""
+    out = []
+    for p, c, m, ts in itertools.product(policies, capacities, modes, tier_axis(tiers)):
+        fields = dict(common) if ts else {k: v for k, v in common.items() if k not in ("model", "max_load_tokens")}
+        out.append(ReplayConfig(capacity_blocks=int(c), policy=p, mode=m, tiers=ts, **fields))  # type: ignore[arg-type]
+    return out
+
+
+def tier_axis(tiers: Sequence) -> list[list]:
+    """``grid``'s ``tiers`` as a list of tier lists: ``[[]]`` for none, ``[tiers]`` for one list."""
+    if not tiers:
+        return [[]]
+    nested = [isinstance(t, list | tuple) for t in tiers]
+    if all(nested):
+        return [list(t) for t in tiers]
+    if any(nested):
+        raise ConfigError("grid(tiers=...): give one list of tiers or a list of tier lists, not a mix")
+    return [list(tiers)]
 
 
 # ----------------------------------------------------------------------------- identities and rows
@@ -103,21 +122,41 @@ def run_manifest(workload: Workload, config: ReplayConfig, identity: dict, resul
 
 
 def table_row(manifest: dict, summary: dict) -> dict:
-    """A sweep table row: trace name and content checksum, run id, policy parameters (JSON), summary."""
+    """A sweep table row: trace name and content checksum, run id, policy parameters (JSON), summary; with
+    tiers, the summary's ``tiers`` list as JSON and flat per-tier columns (:func:`tier_row`)."""
     identity = manifest["identity"]
     params = identity["config"].get("policy_params") or {}
-    return {
+    summary = canonical_keys(summary)  # runs written before a rename read under today's names (kvlab.names)
+    tiers = summary.pop("tiers", None)
+    row = {
         "trace": (manifest.get("trace") or {}).get("name"),
         "trace_sha256": identity["trace"]["content_sha256"],
         "run_id": manifest["run_id"],
         "policy_params": json.dumps(params, sort_keys=True),
-        **canonical_keys(summary),  # runs written before a rename read under today's names (kvlab.names)
+        **summary,
     }
+    if tiers:
+        row["tiers"] = json.dumps(tiers)
+        row.update(tier_row({"tiers": tiers}))
+    return row
+
+
+def tier_row(summary: dict) -> dict:
+    """Flat per-tier columns of a tiered run's summary, tier by tier: ``<tier>_capacity_blocks`` (blocks)
+    and ``<tier>_hit_share`` (fraction of all prompt tokens). ``{}`` without tiers."""
+    out: dict = {}
+    for t in summary.get("tiers") or []:
+        out[f"{t['name']}_capacity_blocks"] = t["capacity_blocks"]
+        out[f"{t['name']}_hit_share"] = t["hit_share"]
+    return out
 
 
 def _order_key(row: dict) -> tuple:
     key = []
     for col in ROW_ORDER:
+        if col == "run_id":  # runs that differ in their tiers: by tier sizes, then run id
+            key.append(tuple(sorted((k, v) for k, v in row.items() if k.endswith("_capacity_blocks")
+                                    and k != "capacity_blocks" and isinstance(v, int | float) and v == v)))
         v = row.get(col)
         if isinstance(v, bool) or v is None or (isinstance(v, float) and v != v):
             key.append((2, str(v)))
@@ -375,5 +414,8 @@ __all__ = [
     "rebuild_table",
     "run_sweep",
     "run_sweeps",
+    "table_row",
+    "tier_axis",
+    "tier_row",
     "trace_folder_name",
 ]
