@@ -7,6 +7,7 @@ Input: a requests frame with at least ``prompt_tokens``, ``hit_tokens``, ``full_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,10 +75,11 @@ DRIVERS: tuple[str, ...] = ("replay", "simulator", "engine", "engine-serving")
 #: Every unit a table entry may have. ``fraction``: a share in [0, 1]; ``ratio`` / ``factor``: dimensionless,
 #: unbounded; ``count``: events or things that are not tokens, blocks or requests; ``index`` / ``id``: integer
 #: positions and identifiers; ``bool``: a flag; ``label``: a string (a config echo); ``logit`` and
-#: ``K/V value``: differences in logits and in K/V tensor elements.
+#: ``K/V value``: differences in logits and in K/V tensor elements; ``GiB``: 2**30 bytes; ``list``: one entry
+#: per item, its fields in a table of their own.
 UNITS: tuple[str, ...] = (
-    "tokens", "blocks", "requests", "s", "tokens/s", "requests/s", "blocks/s", "blocks/request", "bytes",
-    "FLOPs", "fraction", "ratio", "factor", "count", "index", "id", "bool", "label", "logit", "K/V value",
+    "tokens", "blocks", "requests", "s", "tokens/s", "requests/s", "blocks/s", "blocks/request", "bytes", "GiB",
+    "FLOPs", "fraction", "ratio", "factor", "count", "index", "id", "bool", "label", "logit", "K/V value", "list",
 )
 
 ALL = DRIVERS
@@ -224,6 +226,10 @@ METRICS: dict[str, Metric] = _table(
        SERVING),
     _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block: KV bytes the HBM hits served in place",
        SERVING),
+    _m("device_token_hit_rate", "fraction", "Σ hit_tokens_device / Σ prompt tokens: the share served from the "
+       "device itself; plus every tier's hit_share it is token_hit_rate (with tiers)", ("replay",)),
+    _m("tiers", "list", "one entry per lower tier, the one below the device first: its configuration and counters "
+       "(the summary.json tiers[] table; with tiers)", ("replay",)),
     # run statistics
     _m("steps", "count", "model steps executed, fast-forwarded ones included, summed over instances", SERVING),
     _m("iterations", "count", "scheduler iterations (a fast-forwarded run counts once), summed over instances",
@@ -272,6 +278,10 @@ COLUMNS: dict[str, Metric] = _table(
     _m("adapter", "label", "adapter (LoRA) id from the trace (when it has one)", ("engine",)),
     _m("collisions", "blocks", "key hits refused because the block held other content (verify=True)", ("replay",)),
     _m("instance", "index", "serving instance the router assigned (instances > 1)", ("simulator",)),
+    _m("hit_tokens_device", "tokens", "hit tokens found on the device (with tiers; plus every hit_tokens_<tier> it is "
+       "hit_tokens)", ("replay",)),
+    _m("hit_tokens_<tier>", "tokens", "hit tokens loaded from the lower tier named <tier> (one column per tier, "
+       "e.g. hit_tokens_dram; with tiers)", ("replay",)),
     # serving
     _m("admitted_s", "s", "time of the first admission", SERVING),
     _m("first_token_s", "s", "time the first token was sampled", SERVING),
@@ -359,8 +369,65 @@ TIMESERIES: dict[str, Metric] = _table(
     _m("kv_running_bytes", "bytes", "kv_running_blocks × kv_bytes_per_block", SERVING),
 )
 
-TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "requests.parquet": COLUMNS,
-                                        "timeseries.parquet": TIMESERIES}
+#: the fields of each entry of ``summary.json``'s ``tiers`` list (kvlab.tiers.results.tier_summary), one entry per
+#: lower tier: its configuration, then its counters over the run. Blocks are of the run's block size (a chunked
+#: tier counts whole chunks × chunk_blocks); bytes need a model (``model=`` / ``--model``), else they are null.
+TIER_FIELDS: dict[str, Metric] = _table(
+    _m("name", "label", "the tier's name (its requests column is hit_tokens_<name>)", ("replay",)),
+    _m("capacity_blocks", "blocks", "the tier's size (gib=X converted with the model's KV bytes per block, "
+       "rounded down)", ("replay",)),
+    _m("capacity_gib", "GiB", "the size given in GiB of KV (gib=X), null when given in blocks", ("replay",)),
+    _m("policy", "label", "the tier's eviction policy (it sees the tier's stores, loads and touches)", ("replay",)),
+    _m("write", "label", "when a block is stored here: write_through (computed on the device), "
+       "write_through_selective (after selective_hits hits) or write_back (its last copy left the tier above)",
+       ("replay",)),
+    _m("selective_hits", "count", "hits a block needs while on the device before a write_through_selective tier "
+       "stores it; null for the other write policies", ("replay",)),
+    _m("inclusion", "label", "none (tiers independent), inclusive (keys resident above are pinned here) or "
+       "exclusive (a key is in one tier at most)", ("replay",)),
+    _m("chunk_blocks", "blocks", "blocks per chunk: the unit this tier stores, finds and evicts", ("replay",)),
+    _m("touch", "bool", "every block of a request this tier holds is touched at its admission (a hit for the "
+       "tier's policy), device hits included", ("replay",)),
+    _m("hit_share", "fraction", "Σ hit_tokens_<tier> / Σ prompt tokens: the share of all prompt tokens loaded "
+       "from this tier", ("replay",)),
+    _m("local_hit_rate", "fraction", "blocks found here / blocks looked up here (past the hits of the tiers "
+       "above, up to each request's hit limit)", ("replay",)),
+    _m("found_hit_tokens", "tokens", "hit tokens found here, loaded or not (past max_load_tokens they are "
+       "recomputed)", ("replay",)),
+    _m("loaded_tokens", "tokens", "tokens loaded from this tier into device blocks (Σ hit_tokens_<tier>)",
+       ("replay",)),
+    _m("blocks_stored", "blocks", "blocks written into this tier", ("replay",)),
+    _m("stores_skipped", "blocks", "stores refused for want of a free or evictable slot (every slot pinned)",
+       ("replay",)),
+    _m("stores_never_read", "blocks", "stored blocks evicted before any load read them (those still held at "
+       "the end are not counted)", ("replay",)),
+    _m("evictions", "blocks", "blocks this tier's policy evicted to make room for stores", ("replay",)),
+    _m("moved_up_blocks", "blocks", "blocks dropped because the device now holds their key (inclusion "
+       "exclusive)", ("replay",)),
+    _m("bytes_written", "bytes", "blocks_stored × kv_bytes_per_block (null without a model)", ("replay",)),
+    _m("bytes_read", "bytes", "loaded blocks × kv_bytes_per_block (null without a model)", ("replay",)),
+    _m("write_amplification", "ratio", "bytes_written / bytes_read: bytes written per byte loaded back (null "
+       "without a model or when nothing was loaded)", ("replay",)),
+)
+
+TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "summary.json tiers[]": TIER_FIELDS,
+                                        "requests.parquet": COLUMNS, "timeseries.parquet": TIMESERIES}
+
+#: a placeholder in a table entry's name (``hit_tokens_<tier>``): it stands for a tier name
+PLACEHOLDER = re.compile(r"<[a-z]+>")
+_NAME = "[A-Za-z][A-Za-z0-9_]*"
+
+
+def table_name(name: str, table: dict[str, Metric]) -> str | None:
+    """The entry of ``table`` that a written ``name`` belongs to: ``name`` itself, or the pattern entry it
+    matches (``hit_tokens_dram`` -> ``hit_tokens_<tier>``); None if neither."""
+    if name in table:
+        return name
+    for entry in table:
+        parts = PLACEHOLDER.split(entry)
+        if len(parts) > 1 and re.fullmatch(_NAME.join(map(re.escape, parts)), name):
+            return entry
+    return None
 
 
 def metrics_markdown() -> str:

@@ -2,10 +2,12 @@
 columns) is defined once in kvlab.metrics (METRICS, COLUMNS, TIMESERIES), with the drivers that write it, and
 docs/metrics.md shows exactly those tables.
 
-Each driver runs once on a small token workload with every option that adds names (replay ``verify=True``;
-simulator ``instances=2``; engine ``verify=True`` with adapters and decode), so the names it writes must be
-exactly the table entries that list it, minus :data:`NOT_RUN` (names only an option these CPU tests cannot
-take produces).
+Each driver runs once on a small token workload with every option that adds names (replay ``verify=True``,
+and again with two lower tiers and a model; simulator ``instances=2``; engine ``verify=True`` with adapters and
+decode), so the names it writes must be exactly the table entries that list it, minus :data:`NOT_RUN` (names
+only an option these CPU tests cannot take produces). A written name belongs to a table entry by
+:func:`kvlab.metrics.table_name` (``hit_tokens_dram`` to ``hit_tokens_<tier>``); the fields of summary.json's
+``tiers`` entries are the ``summary.json tiers[]`` table.
 """
 
 from __future__ import annotations
@@ -17,11 +19,22 @@ import pytest
 import torch
 
 from kvlab.engine import AdapterSet, Engine, build_random_model
-from kvlab.metrics import COLUMNS, DRIVERS, METRICS, TABLES, TIMESERIES, UNITS, metrics_markdown
+from kvlab.metrics import (
+    COLUMNS,
+    DRIVERS,
+    METRICS,
+    TABLES,
+    TIER_FIELDS,
+    TIMESERIES,
+    UNITS,
+    metrics_markdown,
+    table_name,
+)
 from kvlab.names import ALIASES
 from kvlab.replay import replay
 from kvlab.sim import simulate
 from kvlab.sim.engine_executor import run_engine_serving
+from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload, from_lists
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -54,6 +67,9 @@ def model():
 def outputs(model) -> dict[str, dict[str, set[str]]]:
     """driver -> table file -> the names the driver wrote there."""
     rep = replay(workload(), capacity_blocks=8, block_size=8, backend="python", verify=True)
+    tiered = replay(workload(), capacity_blocks=8, block_size=8, backend="python", model="llama-3-8b",
+                    max_load_tokens=64, tiers=[Tier(name="dram", capacity_blocks=16, write="write_back"),
+                                               Tier(name="ssd", capacity_blocks=64, write="write_through_selective")])
     sim = simulate(workload(), capacity_blocks=24, block_size=8, instances=2, router="round_robin")
     adapters = AdapterSet(model, ("lora-a", "lora-b"), seed=0)
     try:
@@ -69,7 +85,11 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
         if hasattr(res, "timeseries"):
             files["timeseries.parquet"] = set(res.timeseries.columns)
         out[driver] = files
-    return out
+    out["replay"]["summary.json"] |= set(tiered.summary)
+    out["replay"]["requests.parquet"] |= set(tiered.requests.columns)
+    out["replay"]["summary.json tiers[]"] = {k for t in tiered.summary["tiers"] for k in t}
+    return {driver: {file: {table_name(n, TABLES[file]) or n for n in names} for file, names in files.items()}
+            for driver, files in out.items()}
 
 
 def test_tables_are_well_formed():
@@ -99,6 +119,22 @@ def test_no_name_is_unproduced(outputs):
         written = set().union(*(outputs[d].get(file, set()) for d in DRIVERS))
         assert set(table) == written | {name for f, name in NOT_RUN if f == file}, file
     assert all(name in TABLES[f] for f, name in NOT_RUN)
+
+
+def test_tiered_replay_names(outputs):
+    """A tiered replay writes a column per tier (by the pattern entry), the device's column, the summary's
+    ``device_token_hit_rate`` and ``tiers``, and every field of each tiers[] entry, bytes included."""
+    rep = replay(workload(), capacity_blocks=8, block_size=8, backend="python", model="llama-3-8b",
+                 tiers=[Tier(name="dram", capacity_blocks=16), Tier(name="ssd2", capacity_blocks=64)])
+    assert {"hit_tokens_device", "hit_tokens_dram", "hit_tokens_ssd2"} <= set(rep.requests.columns)
+    assert table_name("hit_tokens_ssd2", COLUMNS) == "hit_tokens_<tier>"
+    assert table_name("hit_tokens_device", COLUMNS) == "hit_tokens_device" and table_name("nope", COLUMNS) is None
+    assert {"device_token_hit_rate", "tiers"} <= set(rep.summary) <= set(METRICS)
+    for entry in rep.summary["tiers"]:
+        assert list(entry) == list(TIER_FIELDS)
+        assert entry["bytes_written"] is not None
+    shares = rep.summary["device_token_hit_rate"] + sum(t["hit_share"] for t in rep.summary["tiers"])
+    assert shares == pytest.approx(rep.summary["token_hit_rate"])
 
 
 def test_no_current_name_is_an_old_name(outputs):
