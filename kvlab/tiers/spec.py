@@ -175,7 +175,8 @@ def parse_tier(text: str, flag: str = "--tier") -> Tier:
     try:
         return Tier(**fields)
     except TierFieldError as err:
-        raise ConfigError(f"{flag} {text!r}: {err.key} {err.detail}") from None
+        sep = " " if err.detail.startswith("must") else ": "  # a check's own sentence after a colon
+        raise ConfigError(f"{flag} {text!r}: {err.key}{sep}{err.detail}") from None
     except ConfigError as err:
         raise ConfigError(f"{flag} {text!r}: {str(err).removeprefix(f'tier {name!r}: ')}") from None
 
