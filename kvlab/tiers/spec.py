@@ -47,10 +47,11 @@ class TierFieldError(ConfigError):
 class Tier(Schema):
     """One tier below the device: its size, eviction policy, write policy and inclusion.
 
-    * ``write``: when a block is stored here. ``write_through``: every block computed on the device (or, for
-      a tier below another lower tier, stored in the tier above) is stored at once (vLLM's
-      OffloadingConnector); ``write_through_selective``: once the block has had ``selective_hits`` hits in the
-      tier above (HiCache); ``write_back``: when the last copy of its key leaves the tier above (LMCache's
+    * ``write``: when a block is stored here. ``write_through``: every block computed on the device is stored
+      at once, in every write_through tier (vLLM's OffloadingConnector; LMCache writes to every backend);
+      ``write_through_selective``: once the block has had ``selective_hits`` hits (device or lower tiers)
+      while the device holds it (HiCache; its threshold counts the insert too, so HiCache's default 2 is
+      ``selective_hits=1``); ``write_back``: when the last copy of its key leaves the tier above (LMCache's
       lazy offload). A store that finds no free or evictable room is skipped and counted.
     * ``inclusion``: ``none`` (tiers independent, as vLLM), ``inclusive`` (a key resident in any tier above
       is pinned here: never evicted below what is above, as HiCache), ``exclusive`` (a loaded block moves up
@@ -68,7 +69,7 @@ class Tier(Schema):
     policy: str = "lru"
     policy_params: dict = Field(default_factory=dict)
     write: WriteMode = "write_through"
-    selective_hits: Annotated[int, Field(ge=1, le=1 << 20)] = 2
+    selective_hits: Annotated[int, Field(ge=1, le=1 << 20)] = 1
     inclusion: Inclusion = "none"
     chunk_blocks: Annotated[int, Field(ge=1, le=1 << 16)] = 1
     touch: bool = True

@@ -12,8 +12,10 @@ A :class:`TierStack` is attached to the device :class:`~kvlab.cache.prefix_cache
 * **load** (:meth:`TierStack.load`): the loaded chunks are read (an ``exclusive`` tier drops them: they moved
   up); the pins are released tail first; then, with ``touch``, every other chunk of the request the tier holds
   is touched (hit, pin, unpin: the most recent for recency policies), tail first.
-* **computed** (:meth:`TierStack.computed`): blocks the device computed are stored in every ``write_through``
-  tier (a chunk once its last block is computed); an ``exclusive`` tier drops keys computed above.
+* **keyed** (:meth:`TierStack.keyed`): blocks the device computed are stored in every ``write_through``
+  tier (a chunk once its last block is computed), held pinned until the request's stores are done and then
+  released tail first (as the device releases a request: a recency policy evicts its tail first); an
+  ``exclusive`` tier drops keys the device now holds; an ``inclusive`` tier pins them.
 * A key's last copy leaving tier ``k`` (device: ``k = 0``) is stored in tier ``k + 1`` if that tier is
   ``write_back``; ``inclusive`` tiers hold a pin on each key resident in a tier above them.
 * ``write_through_selective`` stores a key once it has had ``selective_hits`` hits (device or lower) while
@@ -237,8 +239,11 @@ class TierStack:
                     self._pin_above(t, keys[pos])
             if spec.write == "write_through":
                 c = t.chunk
+                held: list[KVBlock] = []  # this request's stores, pinned until all are stored
                 for j in range(computed // c, end // c):  # chunks whose last block was computed now
-                    self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j)
+                    self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j, held)
+                if held:
+                    t.cache.release(held, ctx)  # tail first, as the device releases: the tail is evicted first
 
     # ------------------------------------------------------------------ mechanics
     def _touch(self, t: LowerTier, keys: Sequence[Hashable], skip: set[int], ctx: AccessContext) -> None:
@@ -253,7 +258,12 @@ class TierStack:
                 policy.on_pin(slot, ctx)
                 policy.on_unpin(slot, ctx)
 
-    def _store(self, t: LowerTier, key: Hashable, parent: Hashable | None, pos: int) -> None:
+    def _store(self, t: LowerTier, key: Hashable, parent: Hashable | None, pos: int,
+                held: list[KVBlock] | None = None) -> None:
+        """Store ``key`` (position ``pos``, parent ``parent``) in ``t``: skipped if present, if ``t`` is
+        exclusive and a tier above holds it, or (counted) if no slot is free or evictable. The new slot is
+        released at once, or kept pinned in ``held`` for the caller to release, or kept pinned while a tier
+        above holds the key (inclusive)."""
         cache = t.cache
         if cache.get(key) is not None:
             return
@@ -269,6 +279,8 @@ class TierStack:
         t.unread.add(slot.block_id)
         if t.spec.inclusion == "inclusive" and self._resident_above(t, key):
             t.pinned_above.add(key)  # stays pinned (ref count 1) while resident above
+        elif held is not None:
+            held.append(slot)
         else:
             cache.release([slot], self.ctx)
 
