@@ -69,7 +69,8 @@ class _Pair(Sequence):
 class LowerTier:
     """One tier below the device: a :class:`PrefixCache` of ``capacity_blocks // chunk_blocks`` slots (a slot
     holds one chunk, keyed by the key of the chunk's last block, its parent the previous chunk's key), with the
-    tier's own policy. Owned by its :class:`TierStack`; nothing else changes it."""
+    tier's own policy. Owned by its :class:`TierStack`, or shared by several: a shared pool (kvlab.tiers.cluster)
+    is one LowerTier passed as the last tier of every node's stack; nothing else changes it."""
 
     def __init__(self, spec: Tier, level: int, block_size: int, demand_blocks: int | None = None) -> None:
         self.spec = spec
@@ -122,15 +123,22 @@ class TierHits:
 class TierStack:
     """The lower tiers of one device cache, in order (see the module docstring)."""
 
-    def __init__(self, device: PrefixCache, tiers: Sequence[Tier], *, max_load_tokens: int | None = None,
-                 demand_blocks: int | None = None) -> None:
+    def __init__(self, device: PrefixCache, tiers: Sequence[Tier | LowerTier], *,
+                 max_load_tokens: int | None = None, demand_blocks: int | None = None) -> None:
         """``demand_blocks``: an upper bound on the blocks the workload can store (state is allocated for at
-        most that many, as for the device: kvlab.cache.pool_blocks; numbers unchanged)."""
-        tiers = check_tiers(list(tiers))
+        most that many, as for the device: kvlab.cache.pool_blocks; numbers unchanged). A :class:`LowerTier`
+        in ``tiers`` is used as is, shared with the other stacks given it (a pool below several devices): it
+        must be the last tier, at its level, with ``inclusion="none"`` (its evictions then touch no other
+        tier, so any stack's listener serves it)."""
+        check_tiers([t.spec if isinstance(t, LowerTier) else t for t in tiers])
         bs = device.block_size
         self.device = device
-        self.tiers = [LowerTier(t if t.capacity_blocks is not None else _unresolved(t), i + 1, bs, demand_blocks)
+        self.tiers = [t if isinstance(t, LowerTier) else
+                      LowerTier(t if t.capacity_blocks is not None else _unresolved(t), i + 1, bs, demand_blocks)
                       for i, t in enumerate(tiers)]
+        for i, t in enumerate(tiers):
+            if isinstance(t, LowerTier):
+                _check_shared(t, i + 1, len(tiers), bs)
         above = 1
         for t in self.tiers:
             if t.chunk > 1 and t.spec.write != "write_through":
@@ -348,6 +356,19 @@ class TierStack:
         """Levels holding ``key`` (0 = device), for invariant checks."""
         out = [0] if key in self.device else []
         return out + [t.level for t in self.tiers if key in t.cache]
+
+
+def _check_shared(t: LowerTier, level: int, levels: int, block_size: int) -> None:
+    """A shared :class:`LowerTier` given as tier ``level`` of ``levels``: ConfigError unless it can be shared."""
+    name = t.spec.name
+    if t.spec.inclusion != "none":
+        raise ConfigError(f"shared tier {name!r}: inclusion={t.spec.inclusion} is per stack; a shared tier needs "
+                          "inclusion=none")
+    if level != levels or t.level != level:
+        raise ConfigError(f"shared tier {name!r} (level {t.level}) must be the last tier, level {levels}")
+    if t.cache.block_size != block_size * t.chunk:
+        raise ConfigError(f"shared tier {name!r}: built for {t.cache.block_size // t.chunk}-token blocks, the "
+                          f"device has {block_size}")
 
 
 def _unresolved(t: Tier) -> Tier:
