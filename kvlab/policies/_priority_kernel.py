@@ -331,6 +331,16 @@ def t_on_evict(state, b):
     EVICT(state, b)
 
 
+def t_on_remove(state, b):
+    """A key dropped without eviction (a lower tier's exclusive move up, a reset): on_evict without aging, as
+    the Python class's ``on_remove``."""
+    if EXPIRES and state.f_b[EP, b] >= 0:
+        heap_remove(state.f_b, state.f_m, EH, EP, EKEY, ESTAMP, NE, b)
+    if BYKEY:
+        list_unlink(state.f_b, KNXT, KPRV, state.f_k, KHEAD, KTAIL, state.f_bt[b, BK], b)
+    EVICT(state, b)
+
+
 def t_data(params):
     if ND == 0:
         return ()
@@ -341,7 +351,8 @@ def t_data(params):
     return (D0(params), D1(params), D2(params))
 
 
-_TEMPLATES = (t_req, t_data, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_pin, t_victim, t_on_evict)
+_TEMPLATES = (t_req, t_data, t_init, t_on_insert, t_on_hit, t_on_unpin, t_on_pin, t_victim, t_on_evict,
+              t_on_remove)
 _GETTERS = {0: _get0, 1: _get1, 2: _get2, 3: _get3}
 
 
@@ -433,4 +444,4 @@ def compiled_twin(cls: type, spec: Priority, *, leaf: bool) -> CompiledPolicy:
         made[tmpl.__name__] = nb.njit(cache=True, inline="always" if tmpl in (t_req, t_data) else "never")(f)
     g["REQ"], g["DATA"] = made["t_req"], made["t_data"]
     return CompiledPolicy(made["t_init"], made["t_on_insert"], made["t_on_hit"], made["t_on_pin"], made["t_on_unpin"],
-                          made["t_victim"], made["t_on_evict"])
+                          made["t_victim"], made["t_on_evict"], on_remove=made["t_on_remove"])

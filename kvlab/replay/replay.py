@@ -43,7 +43,8 @@ from kvlab.schema import (
     check_policy_params,
     renamed_fields,
 )
-from kvlab.tiers import Tier, TierStack, check_tiers
+from kvlab.tiers import Tier, TierCounters, TierStack, check_tiers
+from kvlab.tiers.compiled import TieredReplay
 from kvlab.tiers.results import compiled_tiers, resolve_tiers, tier_columns, tier_summary
 from kvlab.workload.workload import Workload
 
@@ -161,16 +162,24 @@ def replay(
     # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
     pool = pool_blocks(config.capacity_blocks, int(encoded.num_blocks.sum()) + 1)
     compile_s = 0.0
+    tiered: TieredReplay | None = None
     if use_compiled:
         policy.prepare(encoded)
         params = policy.compiled_params()
-        compile_s = warm_up(policy.compiled, encoded, pool, config.mode == "ideal", params)
+        if config.tiers:
+            tiered = TieredReplay(policy.compiled, params, config.tiers, encoded, pool, config.mode == "ideal",
+                                  config.max_load_tokens)
+            compile_s = tiered.warm_up()
+        else:
+            compile_s = warm_up(policy.compiled, encoded, pool, config.mode == "ideal", params)
     t0 = time.perf_counter()
-    if use_compiled:
+    if tiered is not None:
+        cols = tiered.run()
+    elif use_compiled:
         cols = run_compiled(policy.compiled, encoded, pool, config.mode == "ideal", params)
     else:
         cols = _replay_python(workload, encoded, config, policy, pool, progress)
-    stack: TierStack | None = cols.pop("_stack", None)  # type: ignore[assignment]
+    counters: list[TierCounters] | None = cols.pop("_counters", None)  # type: ignore[assignment]
     replay_s = time.perf_counter() - t0
     ideal = ideal_hits_kernel(
         encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, encoded.block_size,
@@ -192,7 +201,7 @@ def replay(
         compile_seconds=compile_s,
     )
     if config.tiers:
-        summary.update(tier_summary(frame, stack, config.tiers, encoded.block_size, config.model))
+        summary.update(tier_summary(frame, counters, config.tiers, encoded.block_size, config.model))
     trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ReplayResult(frame, summary, config, trace)
 
@@ -242,7 +251,7 @@ def _replay_python(
     out["admitted"] = admitted
     if stack is not None:
         out["tier_hit_blocks"] = tier_hits
-        out["_stack"] = stack  # type: ignore[assignment]
+        out["_counters"] = [t.counters for t in stack.tiers]  # type: ignore[assignment]
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.tiers.spec import Tier
-from kvlab.tiers.stack import TierStack
+from kvlab.tiers.stack import TierCounters
 
 #: the per-request column of the device's hit tokens; a lower tier's is ``hit_tokens_<name>``
 DEVICE_COLUMN = "hit_tokens_device"
@@ -25,8 +25,14 @@ def tier_column(name: str) -> str:
 
 
 def compiled_tiers(tiers: Sequence[Tier]) -> bool:
-    """Whether the compiled replay kernel runs these tiers (today: only an empty list)."""
-    return not tiers
+    """Whether a compiled replay kernel runs these tiers: none (kvlab.cache.compiled's single-tier kernel), or
+    tiers whose policies the tiered kernel runs (kvlab.tiers.compiled: any number of tiers, write policy,
+    inclusion, chunk size, touch and max_load_tokens). False, so that the replay runs the Python core, when a
+    tier's policy has no compiled hooks or hooks that read a block's data by request and position (belady,
+    pgdsf, sglang-leaf, prefix-aware*: :func:`kvlab.tiers.compiled.tier_policy_compiled`)."""
+    from kvlab.tiers.compiled import tier_policy_compiled
+
+    return all(tier_policy_compiled(t) for t in tiers)
 
 
 def kv_bytes_per_block(model: str | None, block_size: int) -> int | None:
@@ -55,15 +61,15 @@ def tier_columns(frame: pd.DataFrame, cols: dict, tiers: Sequence[Tier], block_s
     return frame
 
 
-def tier_summary(frame: pd.DataFrame, stack: TierStack, tiers: Sequence[Tier], block_size: int,
+def tier_summary(frame: pd.DataFrame, counters: Sequence[TierCounters], tiers: Sequence[Tier], block_size: int,
                  model: str | None) -> dict:
-    """``device_token_hit_rate`` and the ``tiers`` list (one dict per lower tier, level 1 first)."""
+    """``device_token_hit_rate`` and the ``tiers`` list (one dict per lower tier, level 1 first) from each
+    tier's counters (a TierStack's ``[t.counters for t in stack.tiers]``, or the compiled kernel's)."""
     prompt = float(frame["prompt_tokens"].sum())
     per_block = kv_bytes_per_block(model, block_size)
     out: list[dict] = []
-    for t, lower in zip(tiers, stack.tiers, strict=True):
-        c = lower.counters
-        chunk = lower.chunk
+    for t, c in zip(tiers, counters, strict=True):
+        chunk = t.chunk_blocks
         hit = int(frame[tier_column(t.name)].sum())
         written = c.stored_chunks * chunk * per_block if per_block else None
         read = c.loaded_blocks * per_block if per_block else None
@@ -84,7 +90,7 @@ def tier_summary(frame: pd.DataFrame, stack: TierStack, tiers: Sequence[Tier], b
             "blocks_stored": c.stored_chunks * chunk,
             "stores_skipped": c.stores_skipped * chunk,
             "stores_never_read": c.evicted_unread * chunk,
-            "evictions": lower.cache.stats.evictions * chunk,
+            "evictions": c.evictions * chunk,
             "moved_up_blocks": c.removed_exclusive * chunk,
             "bytes_written": written,
             "bytes_read": read,
