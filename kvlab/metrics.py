@@ -376,7 +376,8 @@ TIER_FIELDS: dict[str, Metric] = _table(
     _m("name", "label", "the tier's name (its requests column is hit_tokens_<name>)", ("replay",)),
     _m("capacity_blocks", "blocks", "the tier's size (gib=X converted with the model's KV bytes per block, "
        "rounded down)", ("replay",)),
-    _m("capacity_gib", "GiB", "the size given in GiB of KV (gib=X), null when given in blocks", ("replay",)),
+    _m("capacity_gib", "GiB", "the tier's size in GiB of KV (capacity_blocks x KV bytes per block / 2^30) "
+       "with a model, null without", ("replay",)),
     _m("policy", "label", "the tier's eviction policy (it sees the tier's stores, loads and touches)", ("replay",)),
     _m("write", "label", "when a block is stored here: write_through (computed on the device), "
        "write_through_selective (after selective_hits hits) or write_back (its last copy left the tier above)",

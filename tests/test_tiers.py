@@ -322,3 +322,5 @@ def test_tier_configs_that_cannot_work_are_refused_before_any_work():
         TierStack(device, [tier(chunk_blocks=2, write="write_back")])
     with pytest.raises(ConfigError, match="given twice"):
         ReplayConfig(capacity_blocks=4, tiers=[tier(), tier()])
+    with pytest.raises(ConfigError, match="offline"):  # belady reads the trace's future: device only
+        ReplayConfig(capacity_blocks=4, tiers=[tier(policy="belady")])

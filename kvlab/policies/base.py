@@ -46,6 +46,9 @@ class EvictionPolicy:
     name: ClassVar[str] = "base"
     #: one-line provenance shown in docs and results
     source: ClassVar[str] = ""
+    #: True for a policy that reads the trace's future (``prepare`` with the workload): usable on the device
+    #: of a replay or simulation, not on a lower tier (a tier's accesses are not the trace's requests)
+    offline: ClassVar[bool] = False
     #: numba twin of the hooks (kvlab.cache.compiled), or None: the replay then uses the Python core
     compiled: ClassVar[CompiledPolicy | None] = None
 

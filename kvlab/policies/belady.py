@@ -127,6 +127,7 @@ class Belady(PriorityPolicy):
     """Evict the block whose key's next request is farthest (offline; needs ``prepare``)."""
 
     source = "Belady 1966 (MIN/OPT), as libCacheSim's Belady; offline, reads the trace's future"
+    offline = True
     spec = Priority(_priority, _see, _see, block=(-1,), key=(NEVER,), glob=(-1, -1), refresh=_advance, by_key=True,
                     layout=("offsets", "key_ids", "next_use"), data=("offsets", "key_ids", "next_use"))
 

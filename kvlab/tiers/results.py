@@ -76,7 +76,7 @@ def tier_summary(frame: pd.DataFrame, counters: Sequence[TierCounters], tiers: S
         out.append({
             "name": t.name,
             "capacity_blocks": t.capacity_blocks,
-            "capacity_gib": t.capacity_gib,
+            "capacity_gib": t.capacity_blocks * per_block / (1 << 30) if per_block else t.capacity_gib,
             "policy": t.policy,
             "write": t.write,
             "selective_hits": t.selective_hits if t.write == "write_through_selective" else None,

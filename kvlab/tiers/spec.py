@@ -100,6 +100,11 @@ class Tier(Schema):
             raise ValueError(f"tier {self.name!r}: give exactly one of blocks=N and gib=X")
         if self.inclusion == "exclusive" and self.write != "write_back":
             raise ValueError(f"tier {self.name!r}: inclusion=exclusive needs write=write_back")
+        from kvlab.policies import make_policy
+
+        if getattr(make_policy(self.policy, **self.policy_params), "offline", False):
+            raise ValueError(f"tier {self.name!r}: policy {self.policy} is offline (it reads the trace's future), "
+                             "available on the device only")
         return self
 
     def resolve(self, kv_bytes_per_block: int | None) -> Tier:

@@ -199,8 +199,9 @@ class TierStack:
 
     def load(self, found: TierHits | tuple, keys: Sequence[Hashable], device_hits: int,
              ctx: AccessContext) -> list[int]:
-        """Read the loaded chunks, release the pins, touch the request's other chunks; returns the loaded
-        blocks per lower tier (index 0 = level 1). Selective hit counts are updated here. ``found`` is ``()``
+        """Read the loaded chunks (an exclusive tier drops them in :meth:`keyed`, when the device keys them),
+        release the pins, touch the request's other chunks; returns the loaded blocks per lower tier (index 0 =
+        level 1). Selective hit counts are updated here. ``found`` is ``()``
         when the device hits reached the hit limit (no lower-tier lookup)."""
         if not isinstance(found, TierHits):
             found = TierHits()
