@@ -66,6 +66,21 @@ def test_verify_mode_counts_collisions_in_both_engines():
     assert safe.summary["collisions"] == 0
 
 
+def test_verify_mode_counts_collisions_of_admitted_requests_only_in_both_engines():
+    """A request that does not fit changes nothing and counts nothing, collisions included (the compiled kernel
+    counted a refused request's collision)."""
+    from kvlab.hashing import BlockHasher, encode_workload
+
+    w = random_token_workload(5, n=300, vocab=50, max_len=60)
+    cfg = ReplayConfig(capacity_blocks=24, block_size=2, hash="xxh3_64", verify=True)
+    enc = encode_workload(w, BlockHasher("xxh3_64", truncate_bits=6), 2, verify=True)
+    fast = replay(w, cfg, encoded=enc, backend="compiled")
+    slow = replay(w, cfg, encoded=enc, backend="python")
+    assert (~fast.requests["admitted"]).sum() > 0 and fast.summary["collisions"] > 0
+    pd.testing.assert_frame_equal(fast.requests[[*COLUMNS, "collisions"]], slow.requests[[*COLUMNS, "collisions"]])
+    assert (fast.requests.loc[~fast.requests["admitted"], "collisions"] == 0).all()
+
+
 def test_metrics_by_hand():
     # block size 2: request 0 computes [1 2][3 4][5]; request 1 = [1 2][3 4][6 7] hits 2 blocks
     w = from_lists([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7], [9, 9]], arrival=[0.0, 1.0, 2.0])

@@ -174,7 +174,8 @@ def replay_kernel(
         for i in range(h):
             if ref[req_blocks[i]] == 0:
                 evictable_hits += 1
-        if need > free_top + n_evictable - evictable_hits:
+        if need > free_top + n_evictable - evictable_hits:  # not admitted: nothing changes, nothing counted
+            collisions[r] = 0
             cached_after[r] = n_cached
             orphans_after[r] = n_orphans
             continue
