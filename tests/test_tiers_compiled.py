@@ -18,7 +18,7 @@ import pytest
 from _util import conversation_workload, random_category_workload, random_token_workload
 
 from kvlab.hashing import BlockHasher, encode_workload
-from kvlab.policies import available_policies
+from kvlab.policies import available_policies, make_policy
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.tiers import Tier
 from kvlab.tiers.compiled import tier_policy_compiled
@@ -27,8 +27,8 @@ from kvlab.tiers.results import compiled_tiers
 TIMING = {"replay_seconds", "compile_seconds", "backend"}
 GRID_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo"]
 #: every policy the tiered kernel runs on a lower tier, from the registry
-TIER_POLICIES = sorted(p for p in available_policies() if tier_policy_compiled(Tier(name="t", capacity_blocks=1,
-                                                                                       policy=p)))
+TIER_POLICIES = sorted(p for p in available_policies() if not make_policy(p).offline  # (offline: device only)
+                       and tier_policy_compiled(Tier(name="t", capacity_blocks=1, policy=p)))
 
 
 def assert_backends_equal(w, cfg: ReplayConfig, enc=None) -> dict:
@@ -191,7 +191,7 @@ def test_which_tiers_run_compiled():
     assert compiled_tiers([]) and compiled_tiers([tier("a", 4, "lru", "write_back", "exclusive"),
                                                   tier("b", 8, "arc", chunk=1, inclusion="inclusive")])
     assert {"lru", "fifo", "lfu", "arc", "s3fifo"} <= set(TIER_POLICIES)
-    for name in ("belady", "sglang-leaf", "prefix-aware", "mru"):
+    for name in ("sglang-leaf", "prefix-aware", "mru"):
         assert not compiled_tiers([tier("a", 4, name)])
     w = random_token_workload(1, n=30)
     auto = replay(w, capacity_blocks=6, block_size=2, tiers=[tier("a", 8, "sglang-leaf")])
