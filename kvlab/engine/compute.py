@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from kvlab.engine.model import (
 )
 from kvlab.errors import ConfigError
 from kvlab.names import renamed_attribute, renamed_keyword
+
+if TYPE_CHECKING:
+    from kvlab.engine.batched import BatchEntry
 
 
 def sync_device(device: torch.device) -> None:
@@ -153,6 +157,22 @@ class PagedModel:
         if times is not None:
             times.update(gather_s=t1 - t0, forward_s=t2 - t1, write_s=time.perf_counter() - t2)
         return logits, working
+
+    def forward_batch(
+        self,
+        entries: Sequence[BatchEntry],
+        *,
+        all_logits: bool = False,
+        adapter: str | None = None,
+        times: dict | None = None,
+    ) -> list[torch.Tensor]:
+        """One forward over many sequences (prefill chunks and decode tokens mixed, packed): each entry's
+        tokens at positions ``[start, start + n)`` of the sequence in its ``block_ids``; attention reads the
+        pool through the block tables, no working cache. Returns each entry's last logits ``[vocab]`` (or
+        ``[n, vocab]`` with ``all_logits``). See :func:`kvlab.engine.batched.forward_batch`."""
+        from kvlab.engine.batched import forward_batch
+
+        return forward_batch(self, entries, all_logits=all_logits, adapter=adapter, times=times)
 
     # Seams for kvlab.engine.faults (identities here): where a gathered sequence's K/V come from, and the
     # position its suffix starts at after a gather.
