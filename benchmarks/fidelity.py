@@ -30,8 +30,10 @@ engine's steps. Torch runs one thread on CPU.
 
 Run: ``python benchmarks/fidelity.py [--device cuda] [--shape llama-3-8b] [--timer wall] [--quick]``.
 Results: ``results/fidelity/<shape>-<device>/`` (``requests.parquet``: per request and load;
-``calibration.parquet``: the measured grid with fitted predictions; ``summary.json``: the table, the
-fit, saturation) and the calibrated profile ``hardware.json`` (+ ``.model.json``, ``.fit.json``) beside it.
+``calibration.parquet``: the measured grid with fitted predictions; ``steps.parquet``: every engine step of
+the load runs with its measured and predicted seconds; ``step_errors.parquet``: the cost model's error per
+load and step kind; ``summary.json``: the table, the step table, the fit, saturation) and the calibrated
+profile ``hardware.json`` (+ ``.model.json``, ``.fit.json``) beside it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,21 @@ def held_out_trace(n: int, vocab: int, *, seed: int = 1, max_output: int = 4, sc
     wl = dataclasses.replace(wl, output_length=np.minimum(wl.output_length, max_output),
                              name=f"{wl.name}-cpu", meta={**wl.meta, "max_output": max_output, "scale": scale})
     return wl
+
+
+def print_step_level(step_table: pd.DataFrame, table: pd.DataFrame) -> None:
+    """Print the cost model's error on the engine's own steps per load and kind, and the busy-time ratios."""
+    print(f"\nstep level (every engine step of the load runs; error = |predicted - measured| / measured):\n"
+          f"{'load':>5} {'kind':>8} {'steps':>7} {'median':>7} {'p90':>7} {'bias':>7} {'mean meas ms':>12} "
+          f"{'mean pred ms':>12}")
+    for r in step_table.itertuples():
+        print(f"{r.load:>5.2f} {r.kind:>8} {r.steps:>7d} {r.median_abs_error:>7.1%} {r.p90_abs_error:>7.1%} "
+              f"{r.mean_signed_error:>+7.1%} {r.measured_mean_s * 1e3:>12.3f} {r.predicted_mean_s * 1e3:>12.3f}")
+    print("busy-time ratio simulated / engine per repeat (median [min, max]); step-sum ratio: predicted / "
+          "measured over each repeat's own steps")
+    for r in table.itertuples():
+        print(f"{r.load:>5.2f}  busy {r.busy_ratio_median:.3f} [{r.busy_ratio_min:.3f}, {r.busy_ratio_max:.3f}]  "
+              f"step-sum {r.step_busy_ratio_median:.3f} [{r.step_busy_ratio_min:.3f}, {r.step_busy_ratio_max:.3f}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(r.hits_equal):>7}  "
               f"{'pass' if good else 'FAIL'}")
     print(f"targets: median < {TARGET_MEDIAN:.0%}, p90 < {TARGET_P90:.0%} -> {'PASS' if ok else 'FAIL'}")
+    print_step_level(res.step_table, table)
     print("bias: mean signed TTFT error (sim - engine) / engine; busy: seconds of model steps (engine: median of "
           "the repeats); rerun: the same error between the engine's own repeats (one run's noise); half: between the "
           "medians of the odd and of the even repeats (the noise of a median of half the repeats)")
@@ -179,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "passed": ok, "targets": {"median": TARGET_MEDIAN, "p90": TARGET_P90},
         "saturation_rps": res.saturation_rps, "table": table.to_dict("records"),
+        "step_table": res.step_table.to_dict("records"),
         "calibration": {"hardware_profile": hw.to_dict(), "theta": cal.fit.theta, "residuals": fs,
                         "batched_equation_residuals": cal.fit.batched_equation_stats, "notes": cal.fit.notes,
                         **cal.meta},
@@ -189,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {**vars(args), "out": str(out), "timer": timer, "engine": engine.config(), **res.config}
     manifest = build_manifest(json.loads(json.dumps(config, default=str)), trace=summary["trace"], seed=args.seed,
                               driver="fidelity")
-    write_results(out, {"requests": res.requests, "calibration": cal.fit.samples, "table": table}, summary,
-                  manifest)
+    write_results(out, {"requests": res.requests, "calibration": cal.fit.samples, "table": table,
+                        "steps": res.steps, "step_errors": res.step_table}, summary, manifest)
     print(f"results written to {out} ({time.perf_counter() - t_start:.0f} s in all)")
     return 0 if ok else 1
 

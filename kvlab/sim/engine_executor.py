@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -50,6 +51,7 @@ from kvlab.sim.simulator import (
     serving_results,
     trace_requests,
 )
+from kvlab.sim.steps import Step, step_frame
 from kvlab.workload.workload import Workload
 
 
@@ -92,6 +94,7 @@ class EngineExecutor:
         self._seqs: dict[Request, EngineSequence] = {}
         self.generated: dict[int, list[int]] = {}  # request row -> tokens sampled (kept after discard)
         self.forward_calls = 0
+        self.steps: list[Step] = []  # every executed step: ((n, c) entries, measured seconds)
 
     # ------------------------------------------------------------------ sequences
     def add(self, req: Request, prompt: np.ndarray | Sequence[int], outputs: np.ndarray | None = None,
@@ -140,7 +143,8 @@ class EngineExecutor:
             seq.sampled.append(tok)
 
     def execute(self, batch: Sequence[Entry]) -> float:
-        """Run every entry (one forward each, in order); seconds measured by the timer (device synchronised)."""
+        """Run every entry (one forward each, in order); seconds measured by the timer (device synchronised).
+        The step is recorded in :attr:`steps` (its ``(n, c)`` entries and these seconds)."""
         sync_device(self.device)
         t0 = self._time()
         for req, n, c in batch:
@@ -149,7 +153,9 @@ class EngineExecutor:
                 seq.working, seq.working_len, seq.admission = None, 0, req.admissions
             self.run_entry(seq, [b.block_id for b in req.blocks], n, c)
         sync_device(self.device)
-        return self._time() - t0
+        seconds = self._time() - t0
+        self.steps.append((tuple((n, c) for _, n, c in batch), seconds))
+        return seconds
 
 
 # ---------------------------------------------------------------------- the engine's profiles
@@ -205,10 +211,13 @@ def device_name(device: str | torch.device) -> str:
 @dataclass
 class EngineServingResult(SimResult):
     """:class:`SimResult` of a trace served by the real engine (same columns); ``engine``: its config;
-    ``generated``: the tokens each request (by row) sampled (known outputs where the trace has them)."""
+    ``generated``: the tokens each request (by row) sampled (known outputs where the trace has them);
+    ``steps``: every step the engine ran, one row each (:func:`kvlab.sim.steps.step_frame`, measured
+    seconds; their sum is ``summary["busy_s"]``)."""
 
     engine: dict = field(default_factory=dict)
     generated: dict = field(default_factory=dict)
+    steps: pd.DataFrame = field(default_factory=lambda: step_frame([]))
 
     def save(self, out: str | Path) -> Path:
         """Write requests.parquet, timeseries.parquet, summary.json and manifest.json (driver ``engine-serving``)."""
@@ -330,4 +339,4 @@ def run_engine_serving(
     )
     engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
-                               generated=dict(executor.generated))
+                               generated=dict(executor.generated), steps=step_frame(executor.steps))

@@ -24,8 +24,10 @@ import pandas as pd
 
 from kvlab.errors import ConfigError
 from kvlab.sim.calibrate import Calibration, calibrate, combine_rounds, grid_for_limits, measure_steps
+from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.simulator import SimResult, simulate
+from kvlab.sim.steps import predict_steps, step_errors
 from kvlab.workload.workload import Workload
 
 if TYPE_CHECKING:  # torch-backed: imported by fidelity() on first use
@@ -69,7 +71,11 @@ def ttft_errors(engine_requests: pd.DataFrame, sim_requests: pd.DataFrame) -> pd
 class FidelityResult:
     """Engine vs simulator on one trace: one ``table`` row per load, per-request ``requests`` rows
     (``load``, TTFTs, relative error, hits of both), the measured saturation throughput (requests/s), the
-    profile the simulator used and, when the study calibrated it, the :class:`Calibration`."""
+    profile the simulator used and, when the study calibrated it, the :class:`Calibration`.
+
+    Step level: ``steps`` holds every step of every engine run at a load (:func:`kvlab.sim.steps.step_frame`
+    with ``load``, ``repeat`` and the calibrated cost model's ``predicted_s``); ``step_table`` the cost
+    model's error on them per load and step kind (:func:`kvlab.sim.steps.step_errors`)."""
 
     table: pd.DataFrame
     requests: pd.DataFrame
@@ -77,6 +83,8 @@ class FidelityResult:
     hardware: HardwareProfile
     config: dict
     calibration: Calibration | None = None
+    steps: pd.DataFrame | None = None
+    step_table: pd.DataFrame | None = None
 
 
 def fidelity(
@@ -125,6 +133,11 @@ def fidelity(
     ``max_num_seqs=1`` (default): every step holds one sequence, the setting in which the engine's
     one-sequence-per-forward execution is what the cost model describes; scheduling then does not depend
     on timing, so hits agree exactly (``hits_equal``).
+
+    Step level (free of queueing): every step of the engine runs at the loads is kept with the seconds the
+    calibrated cost model gives the same batch (``FidelityResult.steps``, ``step_table``); per load the table
+    has ``busy_ratio_*`` (simulated busy seconds / the engine's, per repeat: median, min, max) and
+    ``step_busy_ratio_*`` (Σ predicted / Σ measured over each repeat's own steps).
     """
     from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
 
@@ -166,6 +179,10 @@ def fidelity(
         hw = cal.hardware
     else:
         hw = load_hardware(hardware)
+    cost = CostModel(model_p, hw)
+    steps = pd.concat([  # loads and repeats are never empty
+        _labelled(predict_steps(r.steps, cost), load, i) for load, runs in engine_runs.items()
+        for i, r in enumerate(runs)], ignore_index=True)
     rows, per_request = [], []
     for load, runs in engine_runs.items():
         rate = float(load) * saturation_rps
@@ -208,10 +225,32 @@ def fidelity(
             "hits_equal": bool((err["hit_blocks_engine"] == err["hit_blocks_sim"]).all()),
             "token_hit_rate": float(sim.summary["token_hit_rate"]),
             "engine_repeats": repeats,
+            **_busy_ratios(float(sim.summary["busy_s"]), busy, steps[steps["load"] == float(load)]),
         })
     config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_repeats": saturation_repeats,
               "saturation_runs_rps": saturation_runs,
               "timer": timer, "hardware": hw.name,
               "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
     return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
-                          config, cal)
+                          config, cal, steps, step_errors(steps, by=("load",)))
+
+
+def _labelled(frame: pd.DataFrame, load: float, repeat: int) -> pd.DataFrame:
+    """``frame`` with ``load`` and ``repeat`` as its first columns."""
+    out = frame.copy()
+    out.insert(0, "repeat", repeat)
+    out.insert(0, "load", float(load))
+    return out
+
+
+def _busy_ratios(busy_sim: float, busy_engine: Sequence[float], steps: pd.DataFrame) -> dict:
+    """Simulated busy seconds / each engine repeat's, and Σ predicted / Σ measured over each repeat's steps:
+    median, min and max over the repeats."""
+    ratio = busy_sim / np.asarray(busy_engine, dtype=np.float64)
+    sums = steps.groupby("repeat")[["predicted_s", "seconds"]].sum()
+    step_ratio = (sums["predicted_s"] / sums["seconds"]).to_numpy()
+    out = {}
+    for name, x in (("busy_ratio", ratio), ("step_busy_ratio", step_ratio)):
+        out |= {f"{name}_median": float(np.median(x)), f"{name}_min": float(np.min(x)),
+                f"{name}_max": float(np.max(x))}
+    return out
