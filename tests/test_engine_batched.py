@@ -209,3 +209,20 @@ def test_bf16_agreement(capsys):
         print(f"\nbf16 batched vs sequential: greedy agreement {agree}/{total} = {agree / total:.3f}, "
               f"max |dlogit| {max_diff:.4f}")
     assert agree / total >= 0.95
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen2", "tiny-gpt2"])
+def test_other_architectures(shape):
+    """Any model whose attention goes through transformers' AttentionInterface and has ``layer_idx``."""
+    model = build_random_model(shape, seed=0)
+    rng = np.random.default_rng(17)
+    seq, bat = paged(model, blocks=32), paged(model, blocks=32)
+    prefix = rng.integers(0, VOCAB, 10)
+    for pm in (seq, bat):
+        pm.forward_tokens(prefix, table(0, 4), 0)
+    entries = [BatchEntry(table(0, 4), 10, rng.integers(0, VOCAB, 9)), BatchEntry(table(10, 2), 0,
+               rng.integers(0, VOCAB, 13)), BatchEntry(table(20, 1), 0, [4])]
+    out = bat.forward_batch(entries)
+    for e, got in zip(entries, out, strict=True):
+        assert close(got, seq.forward_tokens(e.tokens, e.block_ids, e.start)[0])
+    check_pools(seq, bat)

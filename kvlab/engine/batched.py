@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
+from kvlab.engine.compute import sync_device
+from kvlab.engine.model import _call_spec
 from kvlab.errors import ConfigError
 
 ATTN_NAME = "kvlab_paged"
@@ -243,7 +245,6 @@ def forward_batch(
     host time), ``gather_tokens`` (largest per-layer gather, token slots), ``attn_calls`` and
     ``attn_masks`` (attention masks transformers passed in: 0, none is built).
     """
-    from kvlab.engine.compute import sync_device
 
     if adapter is not None and paged.adapters is None:
         raise ConfigError(f"adapter {adapter!r} requested but the engine has no AdapterSet")
@@ -254,9 +255,10 @@ def forward_batch(
     ids = torch.as_tensor(tokens, device=dev).view(1, -1)
     pos = torch.as_tensor(positions, device=dev).view(1, -1)
     kwargs: dict = {"use_cache": False, "position_ids": pos, BATCH_KW: plan}
-    if not all_logits:
-        last = np.cumsum([s.n for s in plan.seqs]) - 1
-        kwargs["logits_to_keep"] = torch.as_tensor(last, dtype=torch.long, device=dev)
+    last = torch.as_tensor(np.cumsum([s.n for s in plan.seqs]) - 1, dtype=torch.long, device=dev)
+    keep = not all_logits and _call_spec(paged.model).logits_to_keep
+    if keep:
+        kwargs["logits_to_keep"] = last
     ctx = paged.adapters.use(adapter) if paged.adapters is not None else contextlib.nullcontext()
     t1 = time.perf_counter()
     with torch.no_grad(), ctx, paged_attention_mode(paged.model):
@@ -271,4 +273,4 @@ def forward_batch(
                      attn_masks=len(plan.masks_seen))
     if all_logits:
         return list(torch.split(logits, [s.n for s in plan.seqs]))
-    return list(logits.unbind(0))
+    return list((logits if keep else logits.index_select(0, last)).unbind(0))
