@@ -92,20 +92,17 @@ class SectionTimeout(BaseException):
     code under test swallows it)."""
 
 
-class Terminated(BaseException):
-    """Raised by SIGTERM (an external ``timeout``): the current section is recorded as ``killed``."""
-
-
 @contextlib.contextmanager
 def alarm(seconds: float) -> Iterator[None]:
     """Raise :class:`SectionTimeout` in the main thread after ``seconds`` (wall) unless the block ends first.
-    The signal is handled between Python bytecodes, i.e. once the running torch op returns."""
+    The signal is handled between Python bytecodes, i.e. once the running torch op returns; it repeats every
+    second after that, in case a ``__del__`` or callback that happened to be running swallowed it."""
 
     def fire(signum: int, frame: object) -> None:
         raise SectionTimeout(f"over its budget of {seconds:.3g} s")
 
     old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-3))
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-3), 1.0)
     try:
         yield
     finally:
@@ -113,8 +110,27 @@ def alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+class _Run:
+    """The report and the section being run, for the SIGTERM handler."""
+
+    report: Report | None = None
+    section: str = ""
+    started: float = 0.0
+
+
 def _terminate(signum: int, frame: object) -> None:
-    raise Terminated(f"signal {signum}")
+    """SIGTERM (an external ``timeout``): record the running section as ``killed`` and exit with 143 at once.
+    Writing here is safe: the handler runs between bytecodes and never during a write (they hold SIGTERM).
+    A section whose final entry is already written is left as it is."""
+    rep, name = _Run.report, _Run.section
+    if rep is not None and name:
+        entry = rep.data["sections"].get(name)
+        if entry is None or entry.get("status") == "running":
+            rep.record(name, {**(entry or {}), "status": "killed", "error": f"signal {signum}",
+                              "elapsed_s": time.perf_counter() - _Run.started})
+    print(f"\n## {name or 'gpu_check'}: killed (signal {signum}); report kept", flush=True)
+    sys.stderr.flush()
+    os._exit(143)
 
 
 def _finite(obj: Any) -> Any:
@@ -607,21 +623,15 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(out, {"shape": shape, "device": str(device), "budget_s": args.budget_s,
                           "section_budgets_s": {s: args.budgets[s] for s in args.sections},
                           "args": {k: v for k, v in vars(args).items() if k != "budgets"}})
+    _Run.report = report
     signal.signal(signal.SIGTERM, _terminate)
     report.write()
     print(f"gpu_check: {shape} on {device}, sections {', '.join(args.sections)}, budget {args.budget_s:.0f} s "
           f"-> {out}")
-    status, name, t0 = 0, "", time.perf_counter()
-    try:
-        for name in args.sections:
-            t0 = time.perf_counter()
-            status |= run_section(name, ctx, report)
-    except Terminated as e:  # SIGTERM: keep every finished section, mark the one that was running
-        entry = {**report.data["sections"].get(name, {}), "status": "killed", "error": str(e),
-                 "elapsed_s": time.perf_counter() - t0}
-        report.record(name, entry)
-        print(f"\n## {name}: killed ({e}); report kept in {out}", flush=True)
-        return 143
+    status = 0
+    for name in args.sections:
+        status |= run_section(name, ctx, report)
+    _Run.section = ""
     report.data["complete"] = True
     report.write()
     print(f"\nwritten {out} ({time.perf_counter() - START:.1f} s)")
@@ -630,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_section(name: str, ctx: Context, report: Report) -> int:
     """Run one section under its budget and record it (before, as running, and after); 0 when ``ok``, else 1.
-    :class:`Terminated` propagates to :func:`main`."""
+    ``_Run.section`` names it meanwhile, for the SIGTERM handler."""
     args = ctx.args
     left = args.budget_s - (time.perf_counter() - START)
     budget = min(args.budgets[name], left)
@@ -643,6 +653,7 @@ def run_section(name: str, ctx: Context, report: Report) -> int:
         report.record(name, entry)
         print(f"\n## {name}: skipped ({entry['reason']})")
         return 1
+    _Run.section, _Run.started = name, time.perf_counter()
     report.record(name, {**entry, "status": "running"})
     print(f"\n## {name} (budget {budget:.0f} s)", flush=True)
     t0 = time.perf_counter()
