@@ -454,6 +454,8 @@ def section_prefill(ctx: Context) -> dict:
     repeats = args.repeats or (2 if args.tiny else 3)
     warmup = args.warmup if args.warmup is not None else 1
     batched = resolve_batched()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     requested = sorted(set(args.batches))
     batches = requested if batched.available else [1]
     per_seq = -(-p // bs)
@@ -524,6 +526,8 @@ def section_prefill(ctx: Context) -> dict:
                  "tolerance": dataclasses.asdict(tol), "rows": rows}
     if not batched.available:
         out["note"] = "no batched forward at run time: batch > 1 not measured"
+    if dev.type == "cuda":
+        out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))
     if failed:
         out["status"] = "failed"
     del pm
@@ -538,6 +542,8 @@ def section_ttft(ctx: Context) -> dict:
     repeats = args.repeats or (2 if args.tiny else 3)
     warmup = args.warmup if args.warmup is not None else 1
     sweeps = []
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)  # not the pool section's full-memory pool
     for p in lengths:
         engine = Engine(ctx.model, capacity_blocks=sweep_blocks(p, args.block_size, args.hits),
                         block_size=args.block_size, device=dev, num_threads=ctx.threads)
