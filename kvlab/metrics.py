@@ -234,7 +234,10 @@ METRICS: dict[str, Metric] = _table(
     _m("steps", "count", "model steps executed, fast-forwarded ones included, summed over instances", SERVING),
     _m("iterations", "count", "scheduler iterations (a fast-forwarded run counts once), summed over instances",
        SERVING),
-    _m("forward_calls", "count", "model forward calls the engine executor made", ("engine-serving",)),
+    _m("forward_calls", "count", "model forward calls the engine executor made (batched: one per step and "
+       "adapter)", ("engine-serving",)),
+    _m("batched", "bool", "each scheduler step ran as one packed forward over the paged pool (continuous "
+       "batching) instead of one forward per entry", ("engine-serving",)),
     _m("sim_seconds", "s", "wall time of the driver's serving loop (engine-serving: equals wall_seconds)", SERVING),
     _m("wall_seconds", "s", "wall time of serving the whole trace", ENGINES),
     # the oracle (engine verify=True)

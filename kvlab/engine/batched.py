@@ -54,8 +54,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from kvlab.engine.compute import sync_device
-from kvlab.engine.model import _call_spec
+from kvlab.engine.model import _call_spec, sync_device
 from kvlab.errors import ConfigError
 
 ATTN_NAME = "kvlab_paged"

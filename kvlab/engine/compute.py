@@ -24,7 +24,7 @@ import torch
 
 from kvlab.engine.adapters import AdapterSet
 from kvlab.engine.kv_pool import KVLayout, KVPool
-from kvlab.engine.model import (
+from kvlab.engine.model import (  # sync_device: also this module's public name
     cache_from_kv,
     cache_length,
     forward_logits,
@@ -36,6 +36,7 @@ from kvlab.engine.model import (
     probe_kv,
     resolve_device,
     resolve_dtype,
+    sync_device,
     vocab_size,
 )
 from kvlab.errors import ConfigError
@@ -44,13 +45,6 @@ from kvlab.names import renamed_attribute, renamed_keyword
 if TYPE_CHECKING:
     from kvlab.engine.batched import BatchEntry
 
-
-def sync_device(device: torch.device) -> None:
-    """Wait for queued device work (CUDA/MPS) so host timers cover it; a no-op on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class PagedModel:

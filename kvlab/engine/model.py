@@ -342,3 +342,11 @@ def probe_kv(model: torch.nn.Module) -> ModelKV:
                           "the paged pool needs one [kv_heads, head_dim] for all layers")
     heads, head_dim = shapes.pop()
     return ModelKV(len(cache.layers), int(heads), int(head_dim), cache.layers[0].keys.dtype)
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait for queued device work (CUDA/MPS) so host timers cover it; a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

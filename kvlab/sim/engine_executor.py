@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from kvlab.cache import pool_blocks
+from kvlab.engine.batched import BatchEntry
 from kvlab.engine.compute import PagedModel, sync_device
 from kvlab.engine.driver import Engine
 from kvlab.errors import ConfigError
@@ -86,8 +87,11 @@ class EngineExecutor:
     its block ids must lie below ``engine.capacity_blocks`` (the pool).
     """
 
-    def __init__(self, engine: PagedModel, *, timer: str = "wall") -> None:
+    def __init__(self, engine: PagedModel, *, timer: str = "wall", batched: bool = False) -> None:
         self.engine = engine
+        #: one packed forward per step (kvlab.engine.batched; one per run of entries with the same adapter)
+        #: instead of one forward per entry; the pool is the only K/V memory then (no working caches)
+        self.batched = batched
         self.timer = timer
         self._time = timer_function(timer)
         self.device = engine.device
@@ -135,23 +139,52 @@ class EngineExecutor:
                                                      adapter=seq.adapter)
         self.forward_calls += 1
         seq.working, seq.working_len = working, c + n
-        if c + n == len(seq.tokens):  # every known token computed: the scheduler samples one now
+        self._sample(seq, logits, c + n)
+
+    @staticmethod
+    def _sample(seq: EngineSequence, logits: torch.Tensor, computed: int) -> None:
+        """Once every known token is computed (``computed`` tokens), the scheduler samples one: the known output
+        token if the trace has it, else the greedy one."""
+        if computed == len(seq.tokens):
             k = len(seq.tokens) - seq.prompt_tokens
             out = seq.outputs
             tok = int(out[k]) if out is not None and k < len(out) else int(logits.argmax())
             seq.tokens.append(tok)
             seq.sampled.append(tok)
 
+    def run_batched(self, batch: Sequence[Entry]) -> None:
+        """The whole step as packed forwards (:func:`kvlab.engine.batched.forward_batch`): one per run of
+        consecutive entries with the same adapter (usually one), in batch order; then each entry samples."""
+        groups: list[tuple[str | None, list]] = []
+        for req, n, c in batch:
+            seq = self.sequence(req)
+            if c + n > len(seq.tokens):
+                raise ConfigError(f"scheduled tokens [{c}, {c + n}) exceed the {len(seq.tokens)} known tokens")
+            seq.working, seq.working_len = None, 0  # (none in batched mode: the pool holds every position)
+            if not groups or groups[-1][0] != seq.adapter:
+                groups.append((seq.adapter, []))
+            groups[-1][1].append((seq, [b.block_id for b in req.blocks], n, c))
+        for adapter, items in groups:
+            entries = [BatchEntry(blocks, c, seq.tokens[c:c + n]) for seq, blocks, n, c in items]
+            logits = self.engine.forward_batch(entries, adapter=adapter)
+            self.forward_calls += 1
+            for (seq, _, n, c), lg in zip(items, logits, strict=True):
+                self._sample(seq, lg, c + n)
+
     def execute(self, batch: Sequence[Entry]) -> float:
-        """Run every entry (one forward each, in order); seconds measured by the timer (device synchronised).
+        """Run every entry (one forward each, in order; ``batched``: packed forwards); seconds measured by the timer
+        (device synchronised).
         The step is recorded in :attr:`steps` (its ``(n, c)`` entries and these seconds)."""
         sync_device(self.device)
         t0 = self._time()
-        for req, n, c in batch:
-            seq = self.sequence(req)
-            if seq.admission != req.admissions:  # (re-)admitted: a working cache from before is stale
-                seq.working, seq.working_len, seq.admission = None, 0, req.admissions
-            self.run_entry(seq, [b.block_id for b in req.blocks], n, c)
+        if self.batched:
+            self.run_batched(batch)
+        else:
+            for req, n, c in batch:
+                seq = self.sequence(req)
+                if seq.admission != req.admissions:  # (re-)admitted: a working cache from before is stale
+                    seq.working, seq.working_len, seq.admission = None, 0, req.admissions
+                self.run_entry(seq, [b.block_id for b in req.blocks], n, c)
         sync_device(self.device)
         seconds = self._time() - t0
         self.steps.append((tuple((n, c) for _, n, c in batch), seconds))
@@ -260,6 +293,7 @@ def run_engine_serving(
     warmup: int = 2,
     seed: int = 0,
     progress: bool = False,
+    batched: bool = False,
 ) -> EngineServingResult:
     """Serve a token ``workload`` with arrivals through the scheduler and the real engine (measured time).
 
@@ -271,7 +305,8 @@ def run_engine_serving(
     ``model``: the cost-model profile of the engine's model (default: :func:`engine_model_profile`), whose
     name seeds the block keys as in the simulator; ``hardware`` only labels the result (default: the
     shipped profile of the device). ``timer``: ``"wall"`` or ``"thread"`` (module docstring). Times in
-    the result are seconds of that clock since the start of serving.
+    the result are seconds of that clock since the start of serving. ``batched``: each step is one packed
+    forward (continuous batching, :class:`EngineExecutor`) instead of one forward per entry.
     """
     if workload.kind != "tokens":
         raise ConfigError("the engine serves token workloads (expand a block-id trace first)")
@@ -303,7 +338,7 @@ def run_engine_serving(
     n = len(workload)
     requests = tr.requests
     adapter = _labels(workload.adapter, n)
-    executor = EngineExecutor(engine, timer=timer)
+    executor = EngineExecutor(engine, timer=timer, batched=batched)
     for r, req in enumerate(requests):
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
     manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
@@ -335,7 +370,7 @@ def run_engine_serving(
     summary.update(
         executor="engine", timer=timer, device=str(engine.device), engine_model_id=engine.model_id,
         calibration="measured", cost_model=f"measured:{model_p.name}@{engine.device}", hardware=str(engine.device),
-        forward_calls=executor.forward_calls, wall_seconds=wall,
+        forward_calls=executor.forward_calls, wall_seconds=wall, batched=batched,
     )
     engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
