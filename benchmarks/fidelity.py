@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.8])
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--quick", action="store_true", help="small grid, 60 requests, 1 repeat (smoke test)")
+    ap.add_argument("--max-num-seqs", type=int, default=1, help="sequences per step (> 1: use --batched)")
+    ap.add_argument("--batched", action="store_true",
+                    help="continuous batching: each step one packed forward; calibration on packed batches")
     ap.add_argument("--out", type=Path, default=None, help="default: results/fidelity/<shape>-<device>")
     ap.add_argument("--seed", type=int, default=1, help="trace seed")
     args = ap.parse_args(argv)
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.repeats, args.calibration_repeats = min(args.requests, 60), 1, 3
         args.saturation_repeats = 1
     torch.set_num_threads(args.threads)
-    out = args.out or Path("results/fidelity") / f"{args.shape}-{device.type}"
+    name = f"{args.shape}-{device.type}" + (f"-batched{args.max_num_seqs}" if args.batched else "")
+    out = args.out or Path("results/fidelity") / name
     t_start = time.perf_counter()
 
     model = build_random_model(args.shape, seed=0, device=device, dtype=args.dtype)
@@ -140,16 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     longest = int((wl.input_length + np.maximum(wl.output_length, 1)).max())
     grid = QUICK_GRID if args.quick else (
         DEFAULT_GRID if args.grid == "default" else
-        grid_for_limits(min(args.max_batched_tokens, int(wl.input_length.max())), longest))
+        grid_for_limits(min(args.max_batched_tokens, int(wl.input_length.max())), longest,
+                        tuple(b for b in (1, 2, 4, 8, 16) if b <= args.max_num_seqs) if args.batched else (1, 2, 4)))
     print(f"calibration grid: {args.grid if not args.quick else 'quick'}, {len(grid)} batches")
     t0 = time.perf_counter()
     first = None
     if args.calibrate_first:
-        first = calibrate(engine, grid=grid, repeats=args.calibration_repeats, timer=timer)
+        first = calibrate(engine, grid=grid, repeats=args.calibration_repeats, timer=timer,
+                          execution="batched" if args.batched else "sequential")
     res = fidelity(wl, engine, first.hardware if first else None, loads=args.loads, repeats=args.repeats,
                    saturation_repeats=args.saturation_repeats,
-                   timer=timer, policy=args.policy, capacity_blocks=args.capacity_blocks, max_num_seqs=1,
-                   max_num_batched_tokens=args.max_batched_tokens, grid=grid)
+                   timer=timer, policy=args.policy, capacity_blocks=args.capacity_blocks,
+                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens, grid=grid,
+                   batched=args.batched)
     cal = first or res.calibration
     hw = res.hardware
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,3 +60,23 @@ def test_batched_steps_sample_the_models_greedy_tokens(engine):
         with torch.no_grad():
             gen = engine.model.generate(torch.as_tensor([prompt]), max_new_tokens=16, do_sample=False)
         assert res.generated[r] == gen[0, len(prompt):].tolist(), r
+
+
+def test_batched_calibration_and_fidelity_run(engine):
+    """Calibration times packed batches (one forward per batch) and fits the batched step equation; the fidelity
+    study at max_num_seqs > 1 serves with the batched executor. Loose bound (shared 2-core machine):
+    benchmarks/fidelity.py --batched holds the real target."""
+    from kvlab.sim.calibrate import QUICK_GRID, calibrate, measure_steps
+    from kvlab.sim.fidelity import fidelity
+
+    samples = measure_steps(engine, QUICK_GRID[:6], repeats=1, timer="thread", execution="batched")
+    assert (samples["seconds"] > 0).all()
+    cal = calibrate(engine, grid=QUICK_GRID, repeats=1, timer="thread", execution="batched")
+    assert cal.fit.execution == "batched" and "batched execution" in cal.hardware.description
+    wl = synthetic_chat(30, seed=11, n_tenants=2, system_tokens=(16, 48), n_docs=4, doc_tokens=(40, 120),
+                        user_median=12, answer_median=10, vocab_size=VOCAB, vocab_offset=8)
+    wl = dataclasses.replace(wl, output_length=np.minimum(wl.output_length, 4))
+    res = fidelity(wl, engine, None, grid=QUICK_GRID, loads=(0.5,), repeats=1, saturation_repeats=1, timer="thread",
+                   capacity_blocks=64, max_num_seqs=4, max_num_batched_tokens=128, batched=True)
+    assert res.calibration.fit.execution == "batched" and res.saturation_rps > 0
+    assert (res.table["median_ttft_error"] < 2.0).all(), res.table.to_dict("records")

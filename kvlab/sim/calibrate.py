@@ -113,8 +113,10 @@ def measure_steps(
     seed: int = 0,
     warmup: int = 2,
     progress: bool = False,
+    execution: str = "sequential",
 ) -> pd.DataFrame:
-    """Time each batch ``repeats`` times through the executor's per-entry path; one row per batch.
+    """Time each batch ``repeats`` times through the executor's per-entry path (``execution="batched"``: its
+    packed path, one forward per batch, as ``EngineExecutor(batched=True)`` serves); one row per batch.
 
     An entry ``(n, c)`` with ``n == 1`` and ``c > 0`` is a decode step over the working cache a prefill of
     ``c`` tokens left (that prefill untimed, so the cache is built as in serving); any other runs as a
@@ -136,7 +138,9 @@ def measure_steps(
     for p in points:
         if not p or any(n < 1 or c < 0 for n, c in p):
             raise ConfigError(f"bad calibration batch {p}: entries need n >= 1 new tokens and c >= 0")
-    executor = EngineExecutor(engine, timer=timer)
+    if execution not in EXECUTIONS:
+        raise ConfigError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+    executor = EngineExecutor(engine, timer=timer, batched=execution == "batched")
     clock = timer_function(timer)
     rng = np.random.default_rng(seed)
     bs, nb, vocab = engine.block_size, engine.capacity_blocks, engine.vocab_size
@@ -159,8 +163,11 @@ def measure_steps(
                     prepared.append((seq, ids, n, c))
                 sync_device(engine.device)
                 t0 = clock()
-                for seq, ids, n, c in prepared:
-                    executor.run_entry(seq, ids, n, c)
+                if executor.batched:
+                    executor.run_packed(prepared)
+                else:
+                    for seq, ids, n, c in prepared:
+                        executor.run_entry(seq, ids, n, c)
                 sync_device(engine.device)
                 times[i].append(clock() - t0)
                 bar.update()
@@ -458,8 +465,11 @@ def calibrate(
     seed: int = 0,
     samples: pd.DataFrame | None = None,
     progress: bool = False,
+    execution: str = "sequential",
 ) -> Calibration:
-    """Measure the engine over ``grid`` and fit a calibrated profile for its device (sequential execution).
+    """Measure the engine over ``grid`` and fit a calibrated profile for its device. ``execution``:
+    ``"sequential"`` (one forward per entry) or ``"batched"`` (one packed forward per batch, the engine's
+    continuous batching: the fit is then the simulator's batched step equation on batched steps).
 
     ``base_hardware`` (default: the shipped profile of the device) supplies the nominal peak, bandwidth and
     memory; ``model`` defaults to the engine model's profile. ``samples`` (from :func:`measure_steps` or
@@ -471,16 +481,20 @@ def calibrate(
     model_p = model if model is not None else engine_model_profile(engine)
     base = load_hardware(base_hardware if base_hardware is not None else default_hardware(engine.device))
     if samples is None:
-        samples = measure_steps(engine, grid, repeats=repeats, timer=timer, seed=seed, progress=progress)
+        samples = measure_steps(engine, grid, repeats=repeats, timer=timer, seed=seed, progress=progress,
+                                execution=execution)
     else:
         repeats = int(samples["repeats"].min())
     dev = device_name(engine.device)
     date = datetime.now(UTC).isoformat(timespec="seconds")
-    fit = fit_cost_model(samples, model_p, base, execution="sequential", name=name)
+    fit = fit_cost_model(samples, model_p, base, execution=execution, name=name)
     s = fit.stats
     description = (
         f"calibrated {date[:10]} on {dev} ({engine.device}) for model {model_p.name} ({model_p.dtype}), "
-        f"engine {engine.model_id}, sequential execution (one sequence per forward), timer {timer}; "
+        f"engine {engine.model_id}, "
+        + ("sequential execution (one sequence per forward)" if execution == "sequential"
+           else "batched execution (one packed forward per step)")
+        + f", timer {timer}; "
         f"base profile {base.name}"
     )
     source = (

@@ -155,15 +155,20 @@ class EngineExecutor:
     def run_batched(self, batch: Sequence[Entry]) -> None:
         """The whole step as packed forwards (:func:`kvlab.engine.batched.forward_batch`): one per run of
         consecutive entries with the same adapter (usually one), in batch order; then each entry samples."""
+        self.run_packed([(self.sequence(req), [b.block_id for b in req.blocks], n, c) for req, n, c in batch])
+
+    def run_packed(self, items: Sequence[tuple[EngineSequence, Sequence[int], int, int]]) -> None:
+        """Compute ``(seq, block_ids, n, c)`` items (positions ``[c, c + n)`` of each) as packed forwards, one per
+        run of consecutive items with the same adapter; then each samples. The batched code path of
+        :meth:`execute` (calibration times exactly this)."""
         groups: list[tuple[str | None, list]] = []
-        for req, n, c in batch:
-            seq = self.sequence(req)
+        for seq, block_ids, n, c in items:
             if c + n > len(seq.tokens):
                 raise ConfigError(f"scheduled tokens [{c}, {c + n}) exceed the {len(seq.tokens)} known tokens")
             seq.working, seq.working_len = None, 0  # (none in batched mode: the pool holds every position)
             if not groups or groups[-1][0] != seq.adapter:
                 groups.append((seq.adapter, []))
-            groups[-1][1].append((seq, [b.block_id for b in req.blocks], n, c))
+            groups[-1][1].append((seq, list(block_ids), n, c))
         for adapter, items in groups:
             entries = [BatchEntry(blocks, c, seq.tokens[c:c + n]) for seq, blocks, n, c in items]
             logits = self.engine.forward_batch(entries, adapter=adapter)

@@ -106,6 +106,7 @@ def fidelity(
     grid: Sequence | None = None,
     base_hardware: HardwareProfile | str | None = None,
     progress: bool = False,
+    batched: bool = False,
 ) -> FidelityResult:
     """Replay ``workload`` through the real engine and through the simulator at each load, a fraction of the
     engine's saturation throughput; compare TTFT request by request.
@@ -138,6 +139,10 @@ def fidelity(
     calibrated cost model gives the same batch (``FidelityResult.steps``, ``step_table``); per load the table
     has ``busy_ratio_*`` (simulated busy seconds / the engine's, per repeat: median, min, max) and
     ``step_busy_ratio_*`` (Σ predicted / Σ measured over each repeat's own steps).
+
+    ``batched``: the engine runs each step as one packed forward (continuous batching,
+    ``run_engine_serving(batched=True)``) and the calibration times packed batches and fits the batched step
+    equation (``execution="batched"``): the setting for ``max_num_seqs`` > 1.
     """
     from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
 
@@ -145,20 +150,22 @@ def fidelity(
     if repeats < 1 or saturation_repeats < 1 or not loads or min(loads) <= 0:
         raise ConfigError("fidelity needs repeats >= 1, saturation_repeats >= 1 and loads > 0")
     model_p = model if model is not None else engine_model_profile(engine)
+    execution = "batched" if batched else "sequential"
     rounds: list[pd.DataFrame] = []
     if grid is None:  # the configuration's limits: chunks up to the token budget, contexts up to max_model_len
         longest = int((workload.input_length + np.maximum(workload.output_length, 1)).max())
-        grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest)
+        sizes = tuple(b for b in (1, 2, 4, 8, 16) if b <= max_num_seqs) if batched else (1, 2, 4)
+        grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest, sizes)
     points = list(grid)
 
     def measure_round() -> None:
         if hardware is None:
             rounds.append(measure_steps(engine, points, repeats=1, timer=timer, seed=len(rounds),
-                                        warmup=0 if rounds else 2))
+                                        warmup=0 if rounds else 2, execution=execution))
 
     common = dict(policy=policy, capacity_blocks=capacity_blocks or engine.capacity_blocks, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, cache_at=cache_at)
-    serve = dict(common, timer=timer, model=model_p, progress=progress)
+    serve = dict(common, timer=timer, model=model_p, progress=progress, batched=batched)
     measure_round()
     saturation_runs: list[float] = []
     if saturation_rps is None:
@@ -175,7 +182,7 @@ def fidelity(
     cal = None
     if hardware is None:
         cal = calibrate(engine, base_hardware=base_hardware, timer=timer, model=model_p,
-                        samples=combine_rounds(rounds))
+                        samples=combine_rounds(rounds), execution=execution)
         hw = cal.hardware
     else:
         hw = load_hardware(hardware)
