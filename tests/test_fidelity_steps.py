@@ -51,11 +51,12 @@ def test_step_kinds_and_frame_columns():
     assert batch_entries(frame) == [[(8, 4), (1, 9)], [(1, 3)]]
 
 
-@pytest.mark.parametrize(("max_num_seqs", "budget"), [(1, 64), (4, 48)])
-def test_engine_steps_are_recorded_with_consistent_totals(engine, max_num_seqs, budget):
+@pytest.mark.parametrize(("max_num_seqs", "budget", "batched"), [(1, 64, False), (4, 48, False), (4, 48, True)])
+def test_engine_steps_are_recorded_with_consistent_totals(engine, max_num_seqs, budget, batched):
+    """Per-entry forwards and packed ones (continuous batching) record their steps alike."""
     wl = chat(24, max_output=6)
     res = run_engine_serving(wl, engine, rate=100.0, timer="thread", capacity_blocks=60, max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=budget)
+                             max_num_batched_tokens=budget, batched=batched)
     steps = res.steps
     assert list(steps.columns) == STEP_COLUMNS and len(steps) == int(res.timeseries["num_steps"].sum())
     assert steps["seconds"].sum() == pytest.approx(res.summary["busy_s"], rel=1e-12)
