@@ -85,7 +85,8 @@ def print_step_level(step_table: pd.DataFrame, table: pd.DataFrame) -> None:
           "measured over each repeat's own steps")
     for r in table.itertuples():
         print(f"{r.load:>5.2f}  busy {r.busy_ratio_median:.3f} [{r.busy_ratio_min:.3f}, {r.busy_ratio_max:.3f}]  "
-              f"step-sum {r.step_busy_ratio_median:.3f} [{r.step_busy_ratio_min:.3f}, {r.step_busy_ratio_max:.3f}]")
+              f"step-sum {r.step_busy_ratio_median:.3f} [{r.step_busy_ratio_min:.3f}, {r.step_busy_ratio_max:.3f}]  "
+              f"utilization (busy / makespan) engine {r.utilization_engine:.2f} sim {r.utilization_sim:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

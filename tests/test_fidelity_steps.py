@@ -120,6 +120,8 @@ def test_fidelity_reports_steps_and_busy_ratios(engine):
         (0.5, 0), (0.5, 1), (0.8, 0), (0.8, 1)}
     cost = CostModel(res.calibration.model, res.hardware)
     np.testing.assert_array_equal(steps["predicted_s"], [cost.duration(e) for e in batch_entries(steps)])
+    assert ((table["utilization_engine"] > 0) & (table["utilization_engine"] <= 1)).all()
+    assert ((table["utilization_sim"] > 0) & (table["utilization_sim"] <= 1)).all()
     st = res.step_table
     assert list(st.columns) == ["load", *ERROR_COLUMNS] and set(st["kind"]) >= {"prefill", "decode", "all"}
     for load, part in steps.groupby("load"):

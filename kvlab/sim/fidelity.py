@@ -138,7 +138,9 @@ def fidelity(
     Step level (free of queueing): every step of the engine runs at the loads is kept with the seconds the
     calibrated cost model gives the same batch (``FidelityResult.steps``, ``step_table``); per load the table
     has ``busy_ratio_*`` (simulated busy seconds / the engine's, per repeat: median, min, max) and
-    ``step_busy_ratio_*`` (Σ predicted / Σ measured over each repeat's own steps).
+    ``step_busy_ratio_*`` (Σ predicted / Σ measured over each repeat's own steps), and the load the runs
+    actually had: ``utilization_engine`` (busy / makespan, median over the repeats) and ``utilization_sim``
+    (a nominal load is a fraction of the measured saturation, which drifts with the machine's state).
 
     ``batched``: the engine runs each step as one packed forward (continuous batching,
     ``run_engine_serving(batched=True)``) and the calibration times packed batches and fits the batched step
@@ -232,6 +234,8 @@ def fidelity(
             "hits_equal": bool((err["hit_blocks_engine"] == err["hit_blocks_sim"]).all()),
             "token_hit_rate": float(sim.summary["token_hit_rate"]),
             "engine_repeats": repeats,
+            "utilization_engine": float(np.median([r.summary["utilization"] for r in runs])),
+            "utilization_sim": float(sim.summary["utilization"]),
             **_busy_ratios(float(sim.summary["busy_s"]), busy, steps[steps["load"] == float(load)]),
         })
     config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_repeats": saturation_repeats,
