@@ -77,10 +77,15 @@ def print_step_level(step_table: pd.DataFrame, table: pd.DataFrame) -> None:
     """Print the cost model's error on the engine's own steps per load and kind, and the busy-time ratios."""
     print(f"\nstep level (every engine step of the load runs; error = |predicted - measured| / measured):\n"
           f"{'load':>5} {'kind':>8} {'steps':>7} {'median':>7} {'p90':>7} {'bias':>7} {'mean meas ms':>12} "
-          f"{'mean pred ms':>12}")
+          f"{'mean pred ms':>12} {'batches':>7} {'vs med: med/p90/bias':>21} {'engine dev med/p90':>18}")
     for r in step_table.itertuples():
+        vs = f"{r.model_median_error:.1%}/{r.model_p90_error:.1%}/{r.model_mean_signed_error:+.1%}"
+        dev = f"{r.engine_median_dev:.1%}/{r.engine_p90_dev:.1%}"
         print(f"{r.load:>5.2f} {r.kind:>8} {r.steps:>7d} {r.median_abs_error:>7.1%} {r.p90_abs_error:>7.1%} "
-              f"{r.mean_signed_error:>+7.1%} {r.measured_mean_s * 1e3:>12.3f} {r.predicted_mean_s * 1e3:>12.3f}")
+              f"{r.mean_signed_error:>+7.1%} {r.measured_mean_s * 1e3:>12.3f} {r.predicted_mean_s * 1e3:>12.3f} "
+              f"{r.common_batches:>7d} {vs:>21} {dev:>18}")
+    print("vs med: the model against each batch's median over the repeats (batches every repeat ran); engine dev: "
+          "|one repeat's step - that median| / median (the engine's own step-level noise)")
     print("busy-time ratio simulated / engine per repeat (median [min, max]); step-sum ratio: predicted / "
           "measured over each repeat's own steps")
     for r in table.itertuples():

@@ -21,7 +21,16 @@ from kvlab.sim.calibrate import QUICK_GRID
 from kvlab.sim.engine_executor import run_engine_serving
 from kvlab.sim.fidelity import fidelity, zero_arrivals
 from kvlab.sim.simulator import CostModelExecutor
-from kvlab.sim.steps import ERROR_COLUMNS, STEP_COLUMNS, batch_entries, step_errors, step_frame, step_kind
+from kvlab.sim.steps import (
+    ERROR_COLUMNS,
+    NOISE_COLUMNS,
+    STEP_COLUMNS,
+    batch_entries,
+    step_errors,
+    step_frame,
+    step_kind,
+    step_noise,
+)
 from kvlab.workload import synthetic_chat
 
 VOCAB = 1024  # tiny-llama
@@ -123,7 +132,8 @@ def test_fidelity_reports_steps_and_busy_ratios(engine):
     assert ((table["utilization_engine"] > 0) & (table["utilization_engine"] <= 1)).all()
     assert ((table["utilization_sim"] > 0) & (table["utilization_sim"] <= 1)).all()
     st = res.step_table
-    assert list(st.columns) == ["load", *ERROR_COLUMNS] and set(st["kind"]) >= {"prefill", "decode", "all"}
+    assert list(st.columns) == ["load", *ERROR_COLUMNS, *NOISE_COLUMNS[1:]]
+    assert set(st["kind"]) >= {"prefill", "decode", "all"}
     for load, part in steps.groupby("load"):
         sums = part.groupby("repeat")[["seconds", "predicted_s"]].sum()
         busy = sums["seconds"].to_numpy()  # each repeat's step seconds are its busy time
@@ -135,3 +145,21 @@ def test_fidelity_reports_steps_and_busy_ratios(engine):
         step_ratio = (sums["predicted_s"] / sums["seconds"]).to_numpy()
         assert table.loc[load, "step_busy_ratio_median"] == pytest.approx(np.median(step_ratio))
         assert st.set_index(["load", "kind"]).loc[(load, "all"), "steps"] == len(part)
+
+
+def test_step_noise_against_the_median_over_repeats():
+    """Two batches run by three repeats (one repeat ran batch A twice: its own median counts), one batch by one
+    repeat only (left out)."""
+    a, b, c = "[[16, 0]]", "[[1, 16]]", "[[1, 40]]"
+    frame = pd.DataFrame({
+        "repeat": [0, 0, 0, 1, 1, 2, 2, 2],
+        "batch": [a, a, b, a, b, a, b, c],
+        "kind": ["prefill", "prefill", "decode", "prefill", "decode", "prefill", "decode", "decode"],
+        "seconds": [1.0, 3.0, 1.0, 2.5, 1.2, 1.5, 0.8, 9.0],
+        "predicted_s": [2.2, 2.2, 1.1, 2.2, 1.1, 2.2, 1.1, 9.0]})
+    t = step_noise(frame).set_index("kind")
+    assert list(step_noise(frame).columns) == NOISE_COLUMNS and t.loc["all", "common_batches"] == 2
+    # batch A: repeat medians 2.0, 2.5, 1.5 -> median 2.0; batch B: 1.0, 1.2, 0.8 -> 1.0
+    assert t.loc["prefill", "model_mean_signed_error"] == pytest.approx(0.1)
+    assert t.loc["decode", "model_median_error"] == pytest.approx(0.1)
+    np.testing.assert_allclose(t.loc["all", "engine_median_dev"], 0.2)  # deviations 0, .25, .25, 0, .2, .2

@@ -27,7 +27,7 @@ from kvlab.sim.calibrate import Calibration, calibrate, combine_rounds, grid_for
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.simulator import SimResult, simulate
-from kvlab.sim.steps import predict_steps, step_errors
+from kvlab.sim.steps import predict_steps, step_errors, step_noise
 from kvlab.workload.workload import Workload
 
 if TYPE_CHECKING:  # torch-backed: imported by fidelity() on first use
@@ -75,7 +75,9 @@ class FidelityResult:
 
     Step level: ``steps`` holds every step of every engine run at a load (:func:`kvlab.sim.steps.step_frame`
     with ``load``, ``repeat`` and the calibrated cost model's ``predicted_s``); ``step_table`` the cost
-    model's error on them per load and step kind (:func:`kvlab.sim.steps.step_errors`)."""
+    model's error on them per load and step kind (:func:`kvlab.sim.steps.step_errors`), with the engine's
+    step-level noise across repeats and the model against each batch's median over them
+    (:func:`kvlab.sim.steps.step_noise`)."""
 
     table: pd.DataFrame
     requests: pd.DataFrame
@@ -243,7 +245,8 @@ def fidelity(
               "timer": timer, "hardware": hw.name,
               "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
     return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
-                          config, cal, steps, step_errors(steps, by=("load",)))
+                          config, cal, steps, step_errors(steps, by=("load",)).merge(
+                              step_noise(steps, by=("load",)), on=["load", "kind"], how="left"))
 
 
 def _labelled(frame: pd.DataFrame, load: float, repeat: int) -> pd.DataFrame:

@@ -107,3 +107,38 @@ def step_errors(frame: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
             if len(sel):
                 rows.append({**dict(zip(by, key, strict=True)), **_summary(sel, kind)})
     return pd.DataFrame(rows, columns=[*by, *ERROR_COLUMNS])
+
+
+NOISE_COLUMNS = ["kind", "common_batches", "engine_median_dev", "engine_p90_dev", "model_median_error",
+                 "model_p90_error", "model_mean_signed_error"]
+
+
+def step_noise(frame: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """The engine's step-level noise floor across repeats, and the cost model against it, per step kind.
+
+    ``frame``: a predicted :func:`step_frame` of several runs of the same trace with a ``repeat`` column.
+    A batch (same ``(n, c)`` entries) that every repeat of a group ran has a median of its seconds over
+    the repeats (each repeat's own median where it ran the batch more than once). ``engine_median_dev`` /
+    ``engine_p90_dev``: ``|seconds − median| / median`` of every repeat (how far one run's step strays);
+    ``model_*``: ``(predicted − median) / median`` per batch (the cost model against the engine's typical
+    step, the repeats' drift medianed out). ``common_batches``: batches every repeat ran."""
+    rows = []
+    groups = frame.groupby(list(by), sort=True) if by else [((), frame)]
+    for key, part in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        per = part.groupby(["batch", "repeat"])["seconds"].median().unstack("repeat").dropna()
+        med = per.median(axis=1)
+        first = part.drop_duplicates("batch").set_index("batch").loc[per.index]
+        dev = per.sub(med, axis=0).div(med, axis=0).abs()
+        model = (first["predicted_s"] - med) / med
+        for kind in (*STEP_KINDS, "all"):
+            sel = np.ones(len(per), bool) if kind == "all" else (first["kind"] == kind).to_numpy()
+            if not sel.any():
+                continue
+            d, m = dev[sel].to_numpy().ravel(), model[sel].to_numpy()
+            rows.append({**dict(zip(by, key, strict=True)), "kind": kind, "common_batches": int(sel.sum()),
+                         "engine_median_dev": float(np.median(d)), "engine_p90_dev": float(np.percentile(d, 90)),
+                         "model_median_error": float(np.median(np.abs(m))),
+                         "model_p90_error": float(np.percentile(np.abs(m), 90)),
+                         "model_mean_signed_error": float(np.mean(m))})
+    return pd.DataFrame(rows, columns=[*by, *NOISE_COLUMNS])
