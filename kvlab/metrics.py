@@ -241,13 +241,15 @@ METRICS: dict[str, Metric] = _table(
     _m("sim_seconds", "s", "wall time of the driver's serving loop (engine-serving: equals wall_seconds)", SERVING),
     _m("wall_seconds", "s", "wall time of serving the whole trace", ENGINES),
     # the oracle (engine verify=True)
-    _m("verified_requests", "requests", "requests the oracle checked: every admitted one (verify=True)", ("engine",)),
-    _m("verify_failures", "requests", "verified requests whose verify_passed is False (verify=True)", ("engine",)),
+    _m("verified_requests", "requests", "requests the oracle checked: every admitted one (verify=True; "
+       "engine-serving: each request's first completed prefill)", ("engine", "engine-serving")),
+    _m("verify_failures", "requests", "verified requests whose verify_passed is False (verify=True)",
+       ("engine", "engine-serving")),
     _m("verify_pass_rate", "fraction", "share of verified requests that passed, 1 when none (verify=True)",
-       ("engine",)),
-    _m("verify_max_logit_abs", "logit", "largest verify_logit_max_abs (verify=True)", ("engine",)),
+       ("engine", "engine-serving")),
+    _m("verify_max_logit_abs", "logit", "largest verify_logit_max_abs (verify=True)", ("engine", "engine-serving")),
     _m("verify_max_logit_rel", "ratio", "largest verify_logit_rel (verify=True)", ("engine",)),
-    _m("verify_max_kv_abs", "K/V value", "largest verify_kv_max_abs (verify=True)", ("engine",)),
+    _m("verify_max_kv_abs", "K/V value", "largest verify_kv_max_abs (verify=True)", ("engine", "engine-serving")),
     _m("verify_argmax_agreement", "fraction", "share of verified requests with a clear margin whose argmax agrees, "
        "1 when none is clear (verify=True)", ("engine",)),
     _m("verify_greedy_agreement", "fraction", "mean of verify_greedy_agree / verify_greedy_k (verify=True)",

@@ -80,3 +80,16 @@ def test_batched_calibration_and_fidelity_run(engine):
                    capacity_blocks=64, max_num_seqs=4, max_num_batched_tokens=128, batched=True)
     assert res.calibration.fit.execution == "batched" and res.saturation_rps > 0
     assert (res.table["median_ttft_error"] < 2.0).all(), res.table.to_dict("records")
+
+
+def test_verify_judges_each_request_inside_packed_batches(engine):
+    """verify=True: every request's first completed prefill, computed inside a packed step beside others, is
+    judged against the uncached forward (logits, pool K/V, greedy tokens): all pass in fp32."""
+    wl = synthetic_chat(16, seed=2, n_tenants=2, system_tokens=(16, 48), n_docs=3, doc_tokens=(40, 100),
+                        user_median=12, answer_median=10, vocab_size=VOCAB, vocab_offset=8)
+    wl = zero_arrivals(dataclasses.replace(wl, output_length=np.minimum(wl.output_length, 3)))
+    res = run_engine_serving(wl, engine, capacity_blocks=96, max_num_seqs=8, max_num_batched_tokens=96,
+                             timer="thread", batched=True, verify=True)
+    s = res.summary
+    assert s["verified_requests"] == len(wl) and s["verify_failures"] == 0 and s["verify_pass_rate"] == 1.0
+    assert s["token_hit_rate"] > 0.2 and 0 <= s["verify_max_logit_abs"] < 1e-3

@@ -78,7 +78,7 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
     finally:
         adapters.remove()
     srv = run_engine_serving(workload(), Engine(model, num_blocks=24, block_size=8, num_threads=1), timer="thread",
-                             max_num_seqs=2, warmup=0)
+                             max_num_seqs=2, warmup=0, batched=True, verify=True)
     out = {}
     for driver, res in zip(DRIVERS, (rep, sim, eng, srv), strict=True):
         files = {"summary.json": set(res.summary), "requests.parquet": set(res.requests.columns)}

@@ -74,6 +74,8 @@ class EngineSequence:
     working_len: int = 0
     admission: int = -1
     sampled: list[int] = field(default_factory=list)
+    verified: bool = False  # the oracle has judged its prompt (verify=True: once, at its first completed prefill)
+    row: int = -1  # the request's row in the trace
 
 
 class EngineExecutor:
@@ -87,11 +89,18 @@ class EngineExecutor:
     its block ids must lie below ``engine.capacity_blocks`` (the pool).
     """
 
-    def __init__(self, engine: PagedModel, *, timer: str = "wall", batched: bool = False) -> None:
+    def __init__(self, engine: PagedModel, *, timer: str = "wall", batched: bool = False, verify: bool = False,
+                 verify_tokens: int = 2) -> None:
         self.engine = engine
         #: one packed forward per step (kvlab.engine.batched; one per run of entries with the same adapter)
         #: instead of one forward per entry; the pool is the only K/V memory then (no working caches)
         self.batched = batched
+        #: judge each request's first completed prefill against the uncached forward (kvlab.engine.verify), inside
+        #: its step (after the step is timed: verification is not in the measured seconds)
+        self.verify = verify
+        self.verify_tokens = verify_tokens
+        self.verify_reports: list[dict] = []  # one per verified request: its row and the VerifyReport fields
+        self._pending: list[tuple[EngineSequence, list[int], torch.Tensor, int]] = []
         self.timer = timer
         self._time = timer_function(timer)
         self.device = engine.device
@@ -112,7 +121,7 @@ class EngineExecutor:
             if ids is not None and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
                 raise ConfigError(f"request {req.request_id}: token ids must lie in [0, {vocab}) for this model")
         seq = EngineSequence(prompt.tolist(), len(prompt), None if outputs is None else np.asarray(outputs),
-                             adapter)
+                             adapter, row=req.row)
         self._seqs[req] = seq
         return seq
 
@@ -139,7 +148,29 @@ class EngineExecutor:
                                                      adapter=seq.adapter)
         self.forward_calls += 1
         seq.working, seq.working_len = working, c + n
+        self._check_later(seq, block_ids, logits, c + n)
         self._sample(seq, logits, c + n)
+
+    def _check_later(self, seq: EngineSequence, block_ids: Sequence[int], logits: torch.Tensor, computed: int) -> None:
+        """Queue ``seq`` for the oracle when this computation completed its prompt for the first time."""
+        if self.verify and not seq.verified and computed == seq.prompt_tokens:
+            seq.verified = True
+            self._pending.append((seq, list(block_ids), logits.detach().clone(), computed))
+
+    def _run_checks(self) -> None:
+        """Judge the queued prompts (after the step's timing): the cached logits and the K/V read back from the
+        pool (the state decoding continues from, batched or not) against the uncached forward."""
+        from kvlab.engine.verify import Tolerance, verify_prefill
+
+        eng = self.engine
+        for seq, block_ids, logits, p in self._pending:
+            kv = eng.pool.gather(block_ids, p)
+            report = verify_prefill(eng.model, torch.as_tensor(seq.tokens[:p], device=eng.device), logits, kv, kv,
+                                    k=self.verify_tokens, tolerance=Tolerance.for_dtypes(eng.model_dtype,
+                                                                                          eng.layout.dtype),
+                                    adapters=eng.adapters, adapter=seq.adapter)
+            self.verify_reports.append({"row": seq.row, **report.as_row()})
+        self._pending.clear()
 
     @staticmethod
     def _sample(seq: EngineSequence, logits: torch.Tensor, computed: int) -> None:
@@ -173,7 +204,8 @@ class EngineExecutor:
             entries = [BatchEntry(blocks, c, seq.tokens[c:c + n]) for seq, blocks, n, c in items]
             logits = self.engine.forward_batch(entries, adapter=adapter)
             self.forward_calls += 1
-            for (seq, _, n, c), lg in zip(items, logits, strict=True):
+            for (seq, blocks, n, c), lg in zip(items, logits, strict=True):
+                self._check_later(seq, blocks, lg, c + n)
                 self._sample(seq, lg, c + n)
 
     def execute(self, batch: Sequence[Entry]) -> float:
@@ -192,6 +224,8 @@ class EngineExecutor:
                 self.run_entry(seq, [b.block_id for b in req.blocks], n, c)
         sync_device(self.device)
         seconds = self._time() - t0
+        if self._pending:
+            self._run_checks()
         self.steps.append((tuple((n, c) for _, n, c in batch), seconds))
         return seconds
 
@@ -299,6 +333,8 @@ def run_engine_serving(
     seed: int = 0,
     progress: bool = False,
     batched: bool = False,
+    verify: bool = False,
+    verify_tokens: int = 2,
 ) -> EngineServingResult:
     """Serve a token ``workload`` with arrivals through the scheduler and the real engine (measured time).
 
@@ -311,7 +347,10 @@ def run_engine_serving(
     name seeds the block keys as in the simulator; ``hardware`` only labels the result (default: the
     shipped profile of the device). ``timer``: ``"wall"`` or ``"thread"`` (module docstring). Times in
     the result are seconds of that clock since the start of serving. ``batched``: each step is one packed
-    forward (continuous batching, :class:`EngineExecutor`) instead of one forward per entry.
+    forward (continuous batching, :class:`EngineExecutor`) instead of one forward per entry. ``verify``: each
+    request's first completed prefill is judged against the uncached forward inside its step (untimed;
+    kvlab.engine.verify, ``verify_tokens`` greedy tokens), per request also inside a packed batch; the summary
+    gets the engine's verify totals.
     """
     if workload.kind != "tokens":
         raise ConfigError("the engine serves token workloads (expand a block-id trace first)")
@@ -343,7 +382,7 @@ def run_engine_serving(
     n = len(workload)
     requests = tr.requests
     adapter = _labels(workload.adapter, n)
-    executor = EngineExecutor(engine, timer=timer, batched=batched)
+    executor = EngineExecutor(engine, timer=timer, batched=batched, verify=verify, verify_tokens=verify_tokens)
     for r, req in enumerate(requests):
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
     manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
@@ -377,6 +416,15 @@ def run_engine_serving(
         calibration="measured", cost_model=f"measured:{model_p.name}@{engine.device}", hardware=str(engine.device),
         forward_calls=executor.forward_calls, wall_seconds=wall, batched=batched,
     )
+    if verify:
+        v = executor.verify_reports
+        summary.update(
+            verified_requests=len(v),
+            verify_failures=sum(1 for r in v if not r["verify_passed"]),
+            verify_pass_rate=sum(1 for r in v if r["verify_passed"]) / len(v) if v else 1.0,
+            verify_max_logit_abs=max((r["verify_logit_max_abs"] for r in v), default=0.0),
+            verify_max_kv_abs=max((r["verify_kv_max_abs"] for r in v), default=0.0),
+        )
     engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
                                generated=dict(executor.generated), steps=step_frame(executor.steps))
