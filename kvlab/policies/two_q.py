@@ -122,8 +122,8 @@ def _victim(state):
 
 
 @nb.njit(cache=True)
-def _on_evict(state, b):
-    B, K, M = state
+def _drop(B, M, b):
+    """Take block ``b`` out of Am or A1in; returns the queue it was in."""
     w = B[WHERE, b]
     B[WHERE, b] = 0
     if w == AM:
@@ -131,6 +131,13 @@ def _on_evict(state, b):
     elif w == AIN:
         fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, FN, b)
         M[N_AIN] -= 1
+    return w
+
+
+@nb.njit(cache=True)
+def _on_evict(state, b):
+    B, K, M = state
+    if _drop(B, M, b) == AIN:  # evicted from A1in: its key enters the A1out ghost list
         k = B[BKEY, b]
         if M[AOUT_SIZE] > 0 and K[INA, k] == 0:
             dl_append(K, GNXT, GPRV, K.shape[1] - 1, k)
@@ -141,14 +148,7 @@ def _on_evict(state, b):
 @nb.njit(cache=True)
 def _on_remove(state, b):
     """A key dropped without eviction (``reset``): out of Am or A1in, no A1out entry."""
-    B, M = state[0], state[2]
-    w = B[WHERE, b]
-    B[WHERE, b] = 0
-    if w == AM:
-        dl_unlink(B, NXT, PRV, b)
-    elif w == AIN:
-        fq_remove(B, M, NXT, PRV, LOC, H, P, K1, K2, FN, b)
-        M[N_AIN] -= 1
+    _drop(state[0], state[2], b)
 
 
 def _grow(state, num_keys):

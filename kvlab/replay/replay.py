@@ -210,13 +210,27 @@ def _replay_python(
     workload: Workload, enc: EncodedWorkload, config: ReplayConfig, policy: EvictionPolicy, pool: int,
     progress: bool,
 ) -> dict[str, np.ndarray]:
-    n = len(enc.prompt_tokens)
     policy.prepare(enc)
     cache = PrefixCache(pool, policy, block_size=enc.block_size)
-    out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
     stack = TierStack(cache, config.tiers, max_load_tokens=config.max_load_tokens,
                       demand_blocks=int(enc.num_blocks.sum())) if config.tiers else None
-    tier_hits = np.zeros((n, len(config.tiers)), np.int64)
+    out = admit_requests(workload, enc, config, [cache], len(config.tiers), progress)
+    if stack is not None:
+        out["_counters"] = [t.counters for t in stack.tiers]  # type: ignore[assignment]
+    return out
+
+
+def admit_requests(
+    workload: Workload, enc: EncodedWorkload, config: ReplayConfig, caches: list[PrefixCache], levels: int,
+    progress: bool, node_of: list[int] | None = None, seq_of: list[int] | None = None,
+) -> dict[str, np.ndarray]:
+    """The Python core's per-request loop: each request, in trace order, admitted with its whole prompt into
+    ``caches[node_of[r]]`` (default: the one cache) as request ``seq_of[r]`` of its cache (default: ``r``) and
+    released; the :data:`PYTHON_COLUMNS`, ``admitted`` and, with ``levels`` lower tiers, ``tier_hit_blocks``
+    (blocks loaded per tier). Shared by the replay and the cluster replay (kvlab.tiers.cluster)."""
+    n = len(enc.prompt_tokens)
+    out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
+    tier_hits = np.zeros((n, levels), np.int64)
     admitted = np.zeros(n, np.bool_)
     offsets = enc.offsets.tolist()
     keys_all = enc.key_ids.tolist()
@@ -227,10 +241,14 @@ def _replay_python(
     tenant = _labels(workload.tenant)
     category = _labels(workload.category)
     turn = workload.turn.tolist() if workload.turn is not None else None
-    for r in tqdm(range(n), disable=not progress, desc=f"replay {config.policy}", unit="req"):
+    desc = f"{'cluster' if len(caches) > 1 else 'replay'} {config.policy}"
+    cache = caches[0]
+    for r in tqdm(range(n), disable=not progress, desc=desc, unit="req"):
         a, b = offsets[r], offsets[r + 1]
+        if node_of is not None:
+            cache = caches[node_of[r]]
         ctx = AccessContext(
-            time=arrival[r], seq=r, request_id=rid[r], prompt_tokens=prompt[r],
+            time=arrival[r], seq=r if seq_of is None else seq_of[r], request_id=rid[r], prompt_tokens=prompt[r],
             tenant=tenant[r] if tenant else None, category=category[r] if category else None,
             turn=turn[r] if turn else -1,
         )
@@ -249,9 +267,8 @@ def _replay_python(
         out["cached_blocks"][r] = cache.num_cached_blocks
         out["orphan_blocks"][r] = cache.num_orphan_blocks
     out["admitted"] = admitted
-    if stack is not None:
+    if levels:
         out["tier_hit_blocks"] = tier_hits
-        out["_counters"] = [t.counters for t in stack.tiers]  # type: ignore[assignment]
     return out
 
 

@@ -27,16 +27,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
-from kvlab.cache import AccessContext, PrefixCache, pool_blocks
+from kvlab.cache import PrefixCache, pool_blocks
 from kvlab.cache.compiled import ideal_hits_kernel
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.replay import ReplayConfig, encode, resolve_config
-from kvlab.replay.replay import PYTHON_COLUMNS, _labels, _requests_frame
+from kvlab.replay.replay import _requests_frame, admit_requests
 from kvlab.results import build_manifest, write_results
 from kvlab.tiers.results import kv_bytes_per_block, resolve_tiers, tier_columns, tier_summary
 from kvlab.tiers.spec import Tier, check_tiers
@@ -134,7 +133,8 @@ def replay_cluster(
         stacks.append(TierStack(cache, lower, max_load_tokens=config.max_load_tokens, demand_blocks=demand)
                       if lower else None)
         caches.append(cache)
-    cols = _run(workload, encoded, config, caches, where, local, len(levels), progress)
+    cols = admit_requests(workload, encoded, config, caches, len(levels), progress, where.tolist(), local.tolist())
+    cols.setdefault("tier_hit_blocks", np.zeros((len(workload), 0), np.int64))
     replay_s = time.perf_counter() - t0
 
     ideal = ideal_hits_kernel(encoded.offsets, encoded.key_ids, encoded.prompt_tokens, encoded.num_keys, bs,
@@ -156,50 +156,6 @@ def replay_cluster(
     full = {**config.to_dict(), "nodes": nodes, "router": router, "pool": shared.to_dict() if shared else None}
     trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ClusterResult(frame, summary, full, trace)
-
-
-def _run(workload: Workload, enc: EncodedWorkload, config: ReplayConfig, caches: list[PrefixCache],
-         where: np.ndarray, local: np.ndarray, levels: int, progress: bool) -> dict[str, np.ndarray]:
-    """The replay's per-request loop (kvlab.replay.replay._replay_python), each request on its node."""
-    n = len(enc.prompt_tokens)
-    out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
-    tier_hits = np.zeros((n, levels), np.int64)
-    admitted = np.zeros(n, np.bool_)
-    offsets = enc.offsets.tolist()
-    keys_all = enc.key_ids.tolist()
-    truths_all = enc.truth_ids.tolist() if enc.truth_ids is not None else None
-    prompt = enc.prompt_tokens.tolist()
-    arrival = workload.arrival.tolist()
-    rid = workload.request_id.tolist()
-    tenant = _labels(workload.tenant)
-    category = _labels(workload.category)
-    turn = workload.turn.tolist() if workload.turn is not None else None
-    node_of, seq_of = where.tolist(), local.tolist()
-    for r in tqdm(range(n), disable=not progress, desc=f"cluster {config.policy}", unit="req"):
-        a, b = offsets[r], offsets[r + 1]
-        cache = caches[node_of[r]]
-        ctx = AccessContext(
-            time=arrival[r], seq=seq_of[r], request_id=rid[r], prompt_tokens=prompt[r],
-            tenant=tenant[r] if tenant else None, category=category[r] if category else None,
-            turn=turn[r] if turn else -1,
-        )
-        adm = cache.admit(keys_all[a:b], prompt[r], ctx, mode=config.mode,
-                          truths=truths_all[a:b] if truths_all is not None else None)
-        if adm is not None:
-            admitted[r] = True
-            out["hit_blocks"][r] = adm.hit_blocks
-            out["new_blocks"][r] = adm.new_blocks
-            out["evictions"][r] = adm.evictions
-            out["orphan_evictions"][r] = adm.orphan_evictions
-            out["collisions"][r] = adm.collisions
-            if adm.tier_hits:
-                tier_hits[r] = adm.tier_hits
-            cache.release(adm.blocks, ctx)
-        out["cached_blocks"][r] = cache.num_cached_blocks
-        out["orphan_blocks"][r] = cache.num_orphan_blocks
-    out["admitted"] = admitted
-    out["tier_hit_blocks"] = tier_hits
-    return out
 
 
 def _node_ideal(enc: EncodedWorkload, where: np.ndarray, nodes: int, ideal_mode: bool, frame: pd.DataFrame) -> float:
