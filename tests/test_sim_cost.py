@@ -168,3 +168,21 @@ def test_prefill_overhead_counts_prefill_entries_only():
     np.testing.assert_array_equal(cost.decode_durations([100, 250], 5), base.decode_durations([100, 250], 5))
     with pytest.raises(ConfigError):
         hw.with_overrides(prefill_overhead_s=-1.0)
+
+
+def test_entry_overhead_counts_every_entry_and_zero_changes_nothing():
+    hw = load_hardware("h100")
+    with_e = hw.with_overrides(entry_overhead_s=0.0007)
+    zero = hw.with_overrides(entry_overhead_s=0.0)
+    base, cost = CostModel("llama-3-8b", hw), CostModel("llama-3-8b", with_e)
+    batch = [(128, 0), (64, 512), (1, 700), (1, 30), (1, 0)]  # 5 entries, prefill or decode alike
+    assert cost.duration(batch) == pytest.approx(base.duration(batch) + 5 * 0.0007, rel=1e-12)
+    assert cost.breakdown(batch).t_overhead == pytest.approx(hw.step_overhead_s + 5 * 0.0007)
+    expected = base.decode_durations([100, 250, 7], 6) + 3 * 0.0007
+    np.testing.assert_allclose(cost.decode_durations([100, 250, 7], 6), expected, rtol=1e-12)
+    assert [cost.duration([(1, c + i) for c in (100, 250, 7)]) for i in range(6)] == pytest.approx(expected)
+    z = CostModel("llama-3-8b", zero)  # the default 0: bit-identical to a profile without the field
+    assert z.duration(batch) == base.duration(batch)
+    np.testing.assert_array_equal(z.decode_durations([100, 250], 5), base.decode_durations([100, 250], 5))
+    with pytest.raises(ConfigError):
+        hw.with_overrides(entry_overhead_s=-1e-3)

@@ -7,12 +7,12 @@ Procedure (docs/simulator.md, "Calibration"):
    (gathered from the pool), decode steps over a working cache of ``c`` tokens, batches of ``B`` entries —
    each ``repeats`` times in a shuffled order per repeat (drift from other jobs spreads over the grid), and
    keeps the median.
-2. :func:`fit_cost_model` fits ``u_lin = 1/(P η_lin)``, ``u_attn = 1/(P η_attn)``, ``u_mem = 1/(M η_mem)`` and
-   ``t_0`` of the cost model's step equation by least squares on relative residuals (each step weighs
-   ``1/t``), all four non-negative. A group of work (a step of a batched engine, or one forward of the
-   engine's sequential execution, ``execution="sequential"``) costs ::
+2. :func:`fit_cost_model` fits ``u_lin = 1/(P η_lin)``, ``u_attn = 1/(P η_attn)``, ``u_mem = 1/(M η_mem)``,
+   ``t_0``, ``t_prefill`` and (batched execution only) ``t_entry`` of the cost model's step equation by least
+   squares on relative residuals (each step weighs ``1/t``), all non-negative. A group of work (a step of a
+   batched engine, or one forward of the engine's sequential execution, ``execution="sequential"``) costs ::
 
-       max(u_lin (F_lin T + F_head S) + u_attn F_pair A,  u_mem (B_weights + B_kv K)) + t_0
+       max(u_lin (F_lin T + F_head S) + u_attn F_pair A,  u_mem (B_weights + B_kv K)) + t_0 + t_entry S + t_prefill P
 
    The maximum makes the problem piecewise linear: each group is assigned to its larger branch, the
    linear problem is solved, groups are re-assigned, until the assignment is stable (several starts, the
@@ -21,10 +21,11 @@ Procedure (docs/simulator.md, "Calibration"):
    where an attained rate exceeds the base profile's nominal peak (or bandwidth) the peak is raised to it
    (η = 1 there) and the report says so; a rate the data cannot see (fitted ``u = 0``) gets η = 1.
 
-The engine runs one sequence per forward call, so a batch of ``B`` entries costs the sum of ``B``
-one-sequence steps (``execution="sequential"``): the calibrated profile describes one-sequence steps,
-and the simulator reproduces the engine where steps hold one sequence (``max_num_seqs=1``). The report
-gives the error of the simulator's batched equation on the multi-entry samples too.
+With ``execution="sequential"`` the engine runs one sequence per forward call, so a batch of ``B`` entries
+costs the sum of ``B`` one-sequence steps: the calibrated profile describes one-sequence steps (``t_entry``
+is part of ``t_0`` there and fitted 0), and the simulator reproduces the engine where steps hold one sequence
+(``max_num_seqs=1``); the report gives the error of the batched equation on the multi-entry samples too. With
+``execution="batched"`` each batch is one packed forward and the fit is the batched equation itself.
 
 Units: seconds, FLOPs, bytes, tokens.
 """
@@ -209,21 +210,21 @@ def _entries(samples: pd.DataFrame) -> list[Point]:
 
 # ---------------------------------------------------------------------- the fit
 def _features(cost: CostModel, point: Point, execution: str) -> np.ndarray:
-    """``[lin FLOPs, attention FLOPs, bytes, prefill entries]`` per group of a batch (one group per entry
-    when sequential)."""
+    """``[lin FLOPs, attention FLOPs, bytes, prefill entries, entries]`` per group of a batch (one group per
+    entry when sequential; the entries column is then 0: a one-entry forward's per-entry cost is its ``t_0``)."""
     groups = [[e] for e in point] if execution == "sequential" else [list(point)]
-    out = np.empty((len(groups), 4))
+    out = np.empty((len(groups), 5))
     for g, entries in enumerate(groups):
         tokens, seqs, pairs, kv = cost.batch_totals(entries)
         out[g] = (cost.f_lin * tokens + cost.f_head * seqs, cost.f_pair * pairs, cost.b_weights + cost.b_kv * kv,
-                  num_prefills(entries))
+                  num_prefills(entries), seqs if execution == "batched" else 0)
     return out
 
 
 def _predict(theta: np.ndarray, feats: list[np.ndarray]) -> np.ndarray:
-    u_l, u_a, u_m, t0, t_p = theta
+    u_l, u_a, u_m, t0, t_p, t_e = theta
     return np.array([float(np.maximum(u_l * f[:, 0] + u_a * f[:, 1], u_m * f[:, 2]).sum()) + len(f) * t0
-                     + t_p * float(f[:, 3].sum()) for f in feats])
+                     + t_p * float(f[:, 3].sum()) + t_e * float(f[:, 4].sum()) for f in feats])
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -250,9 +251,11 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray | None = None,
               max_iter: int = 100) -> tuple[np.ndarray, float]:
-    """``theta = (u_lin, u_attn, u_mem, t_0, t_prefill)`` minimising Σ ((predicted − t) / t)², all ≥ 0; and that sum.
+    """``theta = (u_lin, u_attn, u_mem, t_0, t_prefill, t_entry)`` minimising Σ ((predicted − t) / t)², all ≥ 0;
+    and that sum.
 
-    ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes]``). Alternates branch assignment and a
+    ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes, prefill entries, entries]``; an all-zero
+    column fits 0). Alternates branch assignment and a
     non-negative linear solve from several starts (all compute-bound, all memory-bound, ``init``).
     """
     t = np.asarray(seconds, dtype=np.float64)
@@ -264,13 +267,14 @@ def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray 
         return float(np.sum(((_predict(theta, feats) - t) * w) ** 2))
 
     def solve(assign: list[np.ndarray]) -> np.ndarray:
-        a = np.zeros((len(t), 5))
+        a = np.zeros((len(t), 6))
         for i, (f, comp) in enumerate(zip(feats, assign, strict=True)):
             a[i, 0] = f[comp, 0].sum()
             a[i, 1] = f[comp, 1].sum()
             a[i, 2] = f[~comp, 2].sum()
             a[i, 3] = len(f)
             a[i, 4] = f[:, 3].sum()
+            a[i, 5] = f[:, 4].sum()
         return _nnls(a * w[:, None], np.ones(len(t)))
 
     def assignment(theta: np.ndarray) -> list[np.ndarray]:
@@ -311,7 +315,7 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
     branch stays below 1 % of the compute branch of every measured step. A fitted compute or attention
     cost of 0 gets η = 1 at the (possibly raised) peak.
     """
-    u_l, u_a, u_m, t0, t_p = (float(x) for x in theta)
+    u_l, u_a, u_m, t0, t_p, t_e = (float(x) for x in theta)
     notes = []
     r_l = 1.0 / u_l if u_l > 0 else np.inf
     r_a = 1.0 / u_a if u_a > 0 else np.inf
@@ -331,7 +335,8 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
         compute_efficiency=float(min(1.0, r_l / peak)) if np.isfinite(r_l) else 1.0,
         attention_efficiency=float(min(1.0, r_a / peak)) if np.isfinite(r_a) else 1.0,
         memory_efficiency=float(min(1.0, r_m / bandwidth)) if np.isfinite(r_m) else 1.0,
-        step_overhead_s=float(t0), prefill_overhead_s=float(t_p), calibrated=True, **changes,
+        step_overhead_s=float(t0), prefill_overhead_s=float(t_p), entry_overhead_s=float(t_e), calibrated=True,
+        **changes,
     )
     return profile, notes
 
@@ -387,7 +392,7 @@ def fit_cost_model(
     points = _entries(samples)
     feats = [_features(cost0, p, execution) for p in points]
     init = np.array([1 / cost0.lin_rate, 1 / cost0.attn_rate, 1 / cost0.mem_rate, cost0.overhead,
-                     cost0.prefill_overhead])
+                     cost0.prefill_overhead, cost0.entry_overhead])
     theta, _ = fit_rates(feats, samples["seconds"].to_numpy(np.float64), init=init)
     changes: dict = {"name": name or f"{base_p.name}-cal-{model.name}"}
     if description:
@@ -410,7 +415,7 @@ def fit_cost_model(
         pb = predict_seconds(cost, [p for p, m in zip(points, multi, strict=True) if m], "batched")
         batched_stats = residual_stats((pb - measured[multi]) / measured[multi])
         frame["batched_equation_s"] = predict_seconds(cost, points, "batched")
-    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s", "t_prefill_s"),
+    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s", "t_prefill_s", "t_entry_s"),
                  (float(x) for x in theta), strict=True))
     return CalibrationFit(profile, u, frame, stats, execution, notes, batched_stats)
 

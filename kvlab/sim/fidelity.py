@@ -158,7 +158,7 @@ def fidelity(
     rounds: list[pd.DataFrame] = []
     if grid is None:  # the configuration's limits: chunks up to the token budget, contexts up to max_model_len
         longest = int((workload.input_length + np.maximum(workload.output_length, 1)).max())
-        sizes = tuple(b for b in (1, 2, 4, 8, 16) if b <= max_num_seqs) if batched else (1, 2, 4)
+        sizes = tuple(b for b in (1, 2, 3, 4, 8, 16) if b <= max_num_seqs) if batched else (1, 2, 4)
         grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest, sizes)
     points = list(grid)
 

@@ -330,8 +330,10 @@ class HardwareProfile(_JsonProfile):
     ``attention_efficiency`` for attention FLOPs, ``memory_efficiency`` for weight and KV traffic.
     ``step_overhead_s`` is added once per step (scheduling, launch, sampling); ``prefill_overhead_s`` once
     per prefill entry of a step (a sequence computing more than one token, or its first: gathering its
-    cached context, writing new KV into the pool; 0 unless calibrated); ``collective_latency_s`` once per
-    all-reduce under tensor parallelism.
+    cached context, writing new KV into the pool; 0 unless calibrated); ``entry_overhead_s`` once per entry
+    of a step, prefill or decode (per-sequence work a batched engine does once per sequence: its attention
+    call, sampling; on a CPU, BLAS reading the LM head once per logit row below a few rows; 0 unless
+    calibrated on batched steps); ``collective_latency_s`` once per all-reduce under tensor parallelism.
     """
 
     KIND: ClassVar[str] = HARDWARE_KIND
@@ -351,6 +353,7 @@ class HardwareProfile(_JsonProfile):
     step_overhead_s: float = 0.001
     collective_latency_s: float = 1e-05
     prefill_overhead_s: float = 0.0
+    entry_overhead_s: float = 0.0
     calibrated: bool = False
     description: str = ""
     source: str = ""
@@ -362,7 +365,7 @@ class HardwareProfile(_JsonProfile):
         for f in ("compute_efficiency", "attention_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ConfigError(f"hardware profile {self.name!r}: {f} must be in (0, 1]")
-        if self.step_overhead_s < 0 or self.collective_latency_s < 0 or self.prefill_overhead_s < 0:
+        if min(self.step_overhead_s, self.collective_latency_s, self.prefill_overhead_s, self.entry_overhead_s) < 0:
             raise ConfigError(f"hardware profile {self.name!r}: overheads must be >= 0")
 
     @property
