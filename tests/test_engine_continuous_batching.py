@@ -93,3 +93,42 @@ def test_verify_judges_each_request_inside_packed_batches(engine):
     s = res.summary
     assert s["verified_requests"] == len(wl) and s["verify_failures"] == 0 and s["verify_pass_rate"] == 1.0
     assert s["token_hit_rate"] > 0.2 and 0 <= s["verify_max_logit_abs"] < 1e-3
+
+
+# each fault that the batched path goes through, and whether verify must flag exactly the requests with hits
+BATCHED_MUTATIONS = {
+    "none": {},
+    "position_offset+1": {"position_offset": 1},
+    "position_offset-1": {"position_offset": -1},
+    "wrong_block": {"wrong_block": True},
+    "stale_block": {"stale_block": True},
+}
+
+
+@pytest.mark.parametrize("name", list(BATCHED_MUTATIONS))
+def test_verify_catches_each_mutation_inside_packed_batches(name):
+    """The oracle's mutation tests on the batched path: each fault of the compute seams, injected into packed
+    forwards under the scheduler (max_num_seqs 4, shared prefixes, evictions), is caught by verify per request.
+    Read faults (wrong block, shifted positions) break exactly the requests that read a cached prefix; lost
+    writes (stale block) break requests whose pool K/V kept another forward's data."""
+    from kvlab.engine.faults import FaultyEngine
+
+    faults = BATCHED_MUTATIONS[name]
+    eng = FaultyEngine(build_random_model("tiny-llama", seed=0), faults=faults, capacity_blocks=40, block_size=8,
+                       num_threads=1)
+    wl = synthetic_chat(16, seed=2, n_tenants=2, system_tokens=(16, 48), n_docs=3, doc_tokens=(40, 100),
+                        user_median=12, answer_median=10, vocab_size=VOCAB, vocab_offset=8)
+    wl = zero_arrivals(dataclasses.replace(wl, output_length=np.minimum(wl.output_length, 3)))
+    res = run_engine_serving(wl, eng, capacity_blocks=40, max_num_seqs=4, max_num_batched_tokens=512, timer="thread",
+                             batched=True, verify=True)
+    s, f = res.summary, res.requests
+    assert s["verified_requests"] == len(wl) and f["hit_blocks"].gt(0).sum() >= 4 and f["evictions"].sum() > 0
+    failed = set(res.verify.loc[~res.verify["verify_passed"].astype(bool), "row"])
+    if name == "none":
+        assert not failed and s["verify_max_logit_abs"] < 1e-3
+    elif name == "stale_block":
+        assert eng.lost_writes > 0 and failed, "lost writes must be caught"
+        assert (res.verify.loc[res.verify["row"].isin(failed), ["verify_logit_max_abs", "verify_kv_max_abs"]]
+                .max(axis=1) > 1.0).all()
+    else:
+        assert failed == set(np.flatnonzero(f["hit_blocks"].to_numpy() > 0).tolist())

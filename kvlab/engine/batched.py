@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,11 +106,16 @@ class BatchPlan:
     masks_seen: list = field(default_factory=list)  # attention_mask arguments seen (None expected)
 
 
-def plan_batch(entries: Sequence[BatchEntry], pool: torch.Tensor, block_size: int) -> tuple[BatchPlan, np.ndarray,
-                                                                                            np.ndarray]:
+def plan_batch(entries: Sequence[BatchEntry], pool: torch.Tensor, block_size: int, *,
+               read_ids: Callable[[list[int]], list[int]] | None = None,
+               suffix_start: Callable[[int], int] | None = None) -> tuple[BatchPlan, np.ndarray, np.ndarray]:
     """Validate ``entries`` and build the :class:`BatchPlan`; also return the packed token ids ``[T]`` and
     positions ``[T]`` (int64). Raises ConfigError on an empty entry, a block table too short, a block id
-    outside the pool, or a block written by two entries (one entry may read a block another writes)."""
+    outside the pool, or a block written by two entries (one entry may read a block another writes).
+
+    ``read_ids`` / ``suffix_start``: the engine's fault seams (:mod:`kvlab.engine.faults`; identities in an honest
+    engine, None skips them): the blocks read for an entry's full blocks before ``start``, and the position its
+    new tokens start at when ``start > 0`` (slots and visibility keep the true ``start``)."""
     if not entries:
         raise ConfigError("forward_batch needs at least one entry")
     bs = int(block_size)
@@ -137,11 +142,15 @@ def plan_batch(entries: Sequence[BatchEntry], pool: torch.Tensor, block_size: in
         pos = np.arange(start, end, dtype=np.int64)
         tbl = np.asarray(table, dtype=np.int64)
         blocks = tbl[pos // bs]
+        if read_ids is not None and start >= bs:
+            tbl = tbl.copy()
+            tbl[:start // bs] = read_ids(table[:start // bs])
         for b in set(blocks.tolist()):
             if written.setdefault(b, i) != i:
                 raise ConfigError(f"block {b} is written by batch entries {written[b]} and {i}")
         toks.append(tokens)
-        poss.append(pos)
+        first = suffix_start(start) if suffix_start is not None and start > 0 else start
+        poss.append(pos if first == start else np.arange(first, first + n, dtype=np.int64))
         wb.append(blocks)
         ws.append(pos % bs)
         reads.append(tbl)
@@ -245,7 +254,8 @@ def forward_batch(
         raise ConfigError(f"adapter {adapter!r} requested but the engine has no AdapterSet")
     dev = paged.device
     t0 = time.perf_counter()
-    plan, tokens, positions = plan_batch(entries, paged.pool.data, paged.block_size)
+    plan, tokens, positions = plan_batch(entries, paged.pool.data, paged.block_size, read_ids=paged._gather_ids,
+                                         suffix_start=paged._suffix_start)
     plan.gqa = dev.type == "cpu" or all(s.mask is None for s in plan.seqs)
     ids = torch.as_tensor(tokens, device=dev).view(1, -1)
     pos = torch.as_tensor(positions, device=dev).view(1, -1)

@@ -12,6 +12,13 @@ Faults (name, value type: the seam it overrides — what breaks):
 * ``stale_block``, bool: ``_compute_prefill`` — a prefill's K/V writes into blocks taken by eviction are lost;
 * ``reuse_evicted``, bool: ``_lookup`` and ``_cached`` — a never-invalidated key -> block memo extends
   lookups past a miss with blocks that were evicted and reallocated to another prefix.
+
+The batched forward (:func:`kvlab.engine.batched.forward_batch`, continuous batching under the scheduler) goes
+through the same compute seams: ``wrong_block`` remaps the full blocks an entry reads before its ``start``,
+``position_offset`` shifts the positions of an entry that continues a sequence (``start > 0``); ``stale_block``
+(:meth:`FaultyEngine.forward_batch`) loses a prefill chunk's writes into a block that held K/V of an earlier
+forward (a block reused after eviction or release: the executor does not see which). ``reuse_evicted`` is a
+fault of this driver's own lookup; under the scheduler the lookups are the KV cache manager's.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 
 from kvlab.cache import KVBlock
 from kvlab.cache.manager import KVRequest
+from kvlab.engine.batched import BatchEntry
 from kvlab.engine.driver import Engine
 from kvlab.engine.request import Request
 from kvlab.errors import ConfigError
@@ -56,6 +64,8 @@ class FaultyEngine(Engine):
         super().__init__(model, **kwargs)
         self.faults = check_faults(faults)
         self._memo: dict[int, KVBlock] = {}  # reuse_evicted: dense key -> the block last keyed with it
+        self._written: set[int] = set()  # stale_block, batched: pool blocks some forward_batch wrote
+        self.lost_writes = 0  # stale_block, batched: blocks whose writes were lost
 
     # ------------------------------------------------------------------ compute seams (PagedModel)
     def _gather_ids(self, block_ids: list[int]) -> list[int]:
@@ -65,6 +75,28 @@ class FaultyEngine(Engine):
 
     def _suffix_start(self, start: int) -> int:
         return start + self.faults.get("position_offset", 0)
+
+    def forward_batch(self, entries: Sequence[BatchEntry], **kwargs: object) -> list[torch.Tensor]:
+        """``stale_block``: a prefill chunk's (``n > 1``) writes into blocks it starts (slot 0) that an earlier
+        batched forward wrote are lost (the pool keeps the old K/V; this forward's own logits are unaffected)."""
+        if not self.faults.get("stale_block"):
+            return super().forward_batch(entries, **kwargs)
+        bs = self.block_size
+        victims, written = [], []
+        for e in entries:
+            n, start = len(e.tokens), int(e.start)
+            blocks = [int(b) for b in e.block_ids[start // bs: -(-(start + n) // bs)]]
+            written += blocks
+            if n > 1:
+                first = -(-start // bs)  # blocks the chunk fills from slot 0
+                victims += [b for b in e.block_ids[first: -(-(start + n) // bs)] if int(b) in self._written]
+        kept = self.pool.data[victims].clone() if victims else None
+        out = super().forward_batch(entries, **kwargs)
+        if kept is not None:
+            self.pool.data[victims] = kept
+            self.lost_writes += len(victims)
+        self._written.update(written)
+        return out
 
     # ------------------------------------------------------------------ driver seams (Engine)
     def _compute_prefill(self, request: Request, blocks: list[KVBlock], taken: list[KVBlock], start: int,

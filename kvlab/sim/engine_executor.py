@@ -285,11 +285,13 @@ class EngineServingResult(SimResult):
     """:class:`SimResult` of a trace served by the real engine (same columns); ``engine``: its config;
     ``generated``: the tokens each request (by row) sampled (known outputs where the trace has them);
     ``steps``: every step the engine ran, one row each (:func:`kvlab.sim.steps.step_frame`, measured
-    seconds; their sum is ``summary["busy_s"]``)."""
+    seconds; their sum is ``summary["busy_s"]``); ``verify`` (``verify=True``): one row per judged request, its
+    ``row`` in the trace and the oracle's ``verify_*`` fields (:meth:`kvlab.engine.verify.VerifyReport.as_row`)."""
 
     engine: dict = field(default_factory=dict)
     generated: dict = field(default_factory=dict)
     steps: pd.DataFrame = field(default_factory=lambda: step_frame([]))
+    verify: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def save(self, out: str | Path) -> Path:
         """Write requests.parquet, timeseries.parquet, summary.json and manifest.json (driver ``engine-serving``)."""
@@ -427,4 +429,5 @@ def run_engine_serving(
         )
     engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
-                               generated=dict(executor.generated), steps=step_frame(executor.steps))
+                               generated=dict(executor.generated), steps=step_frame(executor.steps),
+                               verify=pd.DataFrame(executor.verify_reports))
