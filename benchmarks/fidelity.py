@@ -51,7 +51,7 @@ import torch
 
 from kvlab.engine import Engine, build_random_model
 from kvlab.results import build_manifest, write_results
-from kvlab.sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, grid_for_limits
+from kvlab.sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, grid_for_limits, serving_batch_sizes
 from kvlab.sim.fidelity import fidelity
 from kvlab.workload import synthetic_chat
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = QUICK_GRID if args.quick else (
         DEFAULT_GRID if args.grid == "default" else
         grid_for_limits(min(args.max_batched_tokens, int(wl.input_length.max())), longest,
-                        tuple(b for b in (1, 2, 4, 8, 16) if b <= args.max_num_seqs) if args.batched else (1, 2, 4)))
+                        serving_batch_sizes(args.max_num_seqs, args.batched)))
     print(f"calibration grid: {args.grid if not args.quick else 'quick'}, {len(grid)} batches")
     t0 = time.perf_counter()
     first = None

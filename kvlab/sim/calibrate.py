@@ -87,6 +87,16 @@ def grid_for_limits(max_new_tokens: int, max_context: int, batch_sizes: Sequence
     return make_grid(new, contexts, decode, batch_sizes)
 
 
+def serving_batch_sizes(max_num_seqs: int, batched: bool) -> tuple[int, ...]:
+    """Batch sizes a calibration grid spans for a serving configuration: with ``batched`` (one packed forward per
+    step) 1, 2, 3, 4, 8, 16 up to ``max_num_seqs`` (decode steps of 1-4 sequences are the common ones at
+    moderate load, and a CPU BLAS prices 2-4 logit rows unevenly: docs/simulator.md); else 1, 2, 4 (a batch of
+    the sequential engine is a sum of one-sequence forwards)."""
+    if not batched:
+        return (1, 2, 4)
+    return tuple(b for b in (1, 2, 3, 4, 8, 16) if b <= max(1, max_num_seqs))
+
+
 DEFAULT_GRID: list[Point] = make_grid((8, 16, 32, 64, 128, 256, 512), (0, 128, 512, 1024))
 QUICK_GRID: list[Point] = make_grid((16, 64, 256), (0, 512), (64, 1024), (1, 3))
 

@@ -23,7 +23,14 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
-from kvlab.sim.calibrate import Calibration, calibrate, combine_rounds, grid_for_limits, measure_steps
+from kvlab.sim.calibrate import (
+    Calibration,
+    calibrate,
+    combine_rounds,
+    grid_for_limits,
+    measure_steps,
+    serving_batch_sizes,
+)
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.simulator import SimResult, simulate
@@ -158,8 +165,8 @@ def fidelity(
     rounds: list[pd.DataFrame] = []
     if grid is None:  # the configuration's limits: chunks up to the token budget, contexts up to max_model_len
         longest = int((workload.input_length + np.maximum(workload.output_length, 1)).max())
-        sizes = tuple(b for b in (1, 2, 3, 4, 8, 16) if b <= max_num_seqs) if batched else (1, 2, 4)
-        grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest, sizes)
+        grid = grid_for_limits(min(max_num_batched_tokens, int(workload.input_length.max())), longest,
+                               serving_batch_sizes(max_num_seqs, batched))
     points = list(grid)
 
     def measure_round() -> None:
