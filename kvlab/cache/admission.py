@@ -150,7 +150,7 @@ def load(cache: PrefixCache, found: Lookup, placed: Placement, keys: Sequence[Ha
     """Step 7: copy ``found.lower`` into ``placed.blocks[:len(found.lower)]``; the lower tiers release their pins
     and touch the request's blocks they hold (``placed.loaded``: blocks per tier). Without tiers: nothing."""
     if cache.tiers is not None:
-        placed.loaded = cache.tiers.load(found.lower, keys, len(found.hits), ctx)
+        placed.loaded = cache.tiers.load(found.lower, keys, len(found.hits), ctx, placed.blocks)
 
 
 def admit(

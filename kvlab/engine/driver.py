@@ -40,6 +40,7 @@ import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -54,10 +55,12 @@ from kvlab.engine.compute import PagedModel, sync_device
 from kvlab.engine.model import kv_from_cache
 from kvlab.engine.request import DecodeResult, PrefillResult, Request, SequenceState
 from kvlab.engine.result import EngineResult, request_frame
+from kvlab.engine.tiers import attach_tiers, request_tier_hits, tier_config, tier_results
 from kvlab.engine.verify import Tolerance, VerifyReport, verify_prefill
 from kvlab.errors import CapacityError, ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, truth_hasher
 from kvlab.metrics import summarize
+from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload
 
 
@@ -78,7 +81,8 @@ class Engine(PagedModel):
     a narrower pool dtype makes reuse lossy, which the oracle reports. ``device`` defaults to the model's; a
     model elsewhere is moved there. ``hasher`` defaults to ``BlockHasher("xxh3_128", model_id=<model id>)``.
     ``adapters`` serves requests that name an adapter. ``num_threads`` sets torch's CPU threads (None: leave
-    as is; ignored on accelerators).
+    as is; ignored on accelerators). ``tiers``: lower tiers with real stores (kvlab.engine.tiers.attach: DRAM, and
+    with ``tier_dir`` the last tier on disk there), ``max_load_tokens`` per request from them.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class Engine(PagedModel):
         adapters: AdapterSet | None = None,
         cache_outputs: bool = True,
         num_threads: int | None = 2,
+        tiers: Sequence[Tier] | None = None, tier_dir: str | Path | None = None, max_load_tokens: int | None = None,
         **old_names: int | None,
     ) -> None:
         super().__init__(model, capacity_blocks=capacity_blocks, capacity_bytes=capacity_bytes, block_size=block_size,
@@ -105,6 +110,7 @@ class Engine(PagedModel):
         self.cache = PrefixCache(self.capacity_blocks, policy, block_size=self.block_size,
                                  policy_params=policy_params)
         self.manager = KVCacheManager(self.cache, cache_at="compute", now=None)  # ctx.time: each request's arrival
+        self.tier_io = attach_tiers(self.cache, self.pool, tiers, tier_dir=tier_dir, max_load_tokens=max_load_tokens)
         self.hasher = hasher if hasher is not None else BlockHasher(model_id=self.model_id)
         self._truth = truth_hasher(self.hasher)
         self._truth_is_key = self._truth.config() == self.hasher.config()
@@ -136,6 +142,7 @@ class Engine(PagedModel):
             "cache_outputs": self.cache_outputs,
             "num_threads": self.num_threads,
             "faults": dict(self.faults),
+            **tier_config(self.tier_io),
         }
 
     # ------------------------------------------------------------------ keys
@@ -225,7 +232,7 @@ class Engine(PagedModel):
         kv = self._kv_request(request)
         hits = self._lookup(kv)
         h, full = len(hits), len(kv.keys)
-        start = h * bs
+        start = (h + len(kv.lower)) * bs  # device hits, then the blocks loaded from lower tiers
         if not manager.allocate_slots(kv, p - start, hits):
             return PrefillResult(False, p, full, lookup_s=time.perf_counter() - t0,
                                  prefill_s=time.perf_counter() - t0, hash_s=hash_s)
@@ -254,7 +261,7 @@ class Engine(PagedModel):
             logits=logits, emitted=[first], ctx=kv.ctx, hit_blocks=h, kv=kv,
         )
         return PrefillResult(
-            admitted=True, prompt_tokens=p, full_blocks=full, hit_blocks=h, hit_tokens=min(start, p),
+            admitted=True, prompt_tokens=p, full_blocks=full, hit_blocks=start // bs, hit_tokens=min(start, p),
             computed_tokens=p - start, new_blocks=kv.new_blocks, evictions=kv.evictions,
             orphan_evictions=kv.orphan_evictions, false_hit_blocks=false_hits,
             first_token=first, logits=logits, lookup_s=t1 - t0, gather_s=t2 - t1, forward_s=t3 - t2,
@@ -400,8 +407,10 @@ class Engine(PagedModel):
         for req in tqdm(reqs, disable=not progress, desc="engine", unit="req"):
             rows.append(self._serve(req, verify, verify_tokens, tolerance))
         wall = time.perf_counter() - t_run
+        tier_hits = [row.pop("tier_hit_blocks") for row in rows] if self.tier_io is not None else []
         frame = request_frame(workload, rows, ideal, self.block_size)
         summary = self._summary(frame, workload, wall, verify, key_label if key_values is not None else None)
+        summary.update(tier_results(frame, tier_hits, self.tier_io, self.block_size))  # (nothing without tiers)
         config = {**self.config(), "verify": verify, "verify_tokens": verify_tokens if verify else None,
                   "output_tokens": output_tokens, "force_outputs": force_outputs,
                   "custom_keys": key_values is not None, "hash_label": summary["hash"]}
@@ -432,6 +441,8 @@ class Engine(PagedModel):
             "decode_evictions": 0, "decode_truncated": False,
         }
         state = res.state
+        if self.tier_io is not None:
+            row["tier_hit_blocks"] = request_tier_hits(self.tier_io, state.kv.tier_hits if state else None)
         if state is not None:
             if verify:
                 row.update(self.verify(state, k=verify_tokens, tolerance=tolerance).as_row())

@@ -37,6 +37,7 @@ from kvlab.cache import pool_blocks
 from kvlab.engine.batched import BatchEntry
 from kvlab.engine.compute import PagedModel, sync_device
 from kvlab.engine.driver import Engine
+from kvlab.engine.tiers import TierIO, attach_tiers, tier_config, tier_results
 from kvlab.errors import ConfigError
 from kvlab.results import build_manifest, write_results
 from kvlab.sim.clocks import StoppedClock, gc_paused, make_clock, timer_function
@@ -53,6 +54,7 @@ from kvlab.sim.simulator import (
     trace_requests,
 )
 from kvlab.sim.steps import Step, step_frame
+from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload
 
 
@@ -108,6 +110,7 @@ class EngineExecutor:
         self.generated: dict[int, list[int]] = {}  # request row -> tokens sampled (kept after discard)
         self.forward_calls = 0
         self.steps: list[Step] = []  # every executed step: ((n, c) entries, measured seconds)
+        self.tier_io: TierIO | None = None  # lower tiers' data mover: its deferred stores run after each forward
 
     # ------------------------------------------------------------------ sequences
     def add(self, req: Request, prompt: np.ndarray | Sequence[int], outputs: np.ndarray | None = None,
@@ -222,6 +225,8 @@ class EngineExecutor:
                 if seq.admission != req.admissions:  # (re-)admitted: a working cache from before is stale
                     seq.working, seq.working_len, seq.admission = None, 0, req.admissions
                 self.run_entry(seq, [b.block_id for b in req.blocks], n, c)
+        if self.tier_io is not None:
+            self.tier_io.flush()  # write-through stores of the blocks this step computed (keyed at schedule)
         sync_device(self.device)
         seconds = self._time() - t0
         if self._pending:
@@ -337,6 +342,9 @@ def run_engine_serving(
     batched: bool = False,
     verify: bool = False,
     verify_tokens: int = 2,
+    tiers: Sequence[Tier] | None = None,
+    tier_dir: str | Path | None = None,
+    max_load_tokens: int | None = None,
 ) -> EngineServingResult:
     """Serve a token ``workload`` with arrivals through the scheduler and the real engine (measured time).
 
@@ -352,7 +360,10 @@ def run_engine_serving(
     forward (continuous batching, :class:`EngineExecutor`) instead of one forward per entry. ``verify``: each
     request's first completed prefill is judged against the uncached forward inside its step (untimed;
     kvlab.engine.verify, ``verify_tokens`` greedy tokens), per request also inside a packed batch; the summary
-    gets the engine's verify totals.
+    gets the engine's verify totals. ``tiers``: lower tiers below the pool with real stores
+    (:func:`kvlab.engine.tiers.attach.attach_tiers`: DRAM, with ``tier_dir`` the last one on disk), loaded
+    synchronously at admission (``max_load_tokens`` per request); the result gets the replay's tier columns and
+    ``tiers`` list. Their files are deleted at the end of the run.
     """
     if workload.kind != "tokens":
         raise ConfigError("the engine serves token workloads (expand a block-id trace first)")
@@ -389,6 +400,9 @@ def run_engine_serving(
         executor.add(req, workload.prompt(r), workload.output(r), adapter[r])
     manager = make_manager(requests, tr, policy=policy, policy_params=policy_params, capacity_blocks=pool,
                            block_size=bs, cache_at=cache_at)
+    tier_io = attach_tiers(manager.cache, engine.pool, tiers or [], tier_dir=tier_dir, max_load_tokens=max_load_tokens,
+                           defer=cache_at == "schedule")
+    executor.tier_io = tier_io
     bar = tqdm(total=n, disable=not progress, desc=f"engine {policy}", unit="req", mininterval=0.5)
 
     def on_finish(req: Request) -> None:
@@ -406,6 +420,8 @@ def run_engine_serving(
             scheduler.run(requests)
     finally:
         bar.close()
+        if tier_io is not None:
+            tier_io.flush()
     end = clock.now()
     wall = time.perf_counter() - t0
     scheduler.clock = StoppedClock(end)
@@ -427,7 +443,11 @@ def run_engine_serving(
             verify_max_logit_abs=max((r["verify_logit_max_abs"] for r in v), default=0.0),
             verify_max_kv_abs=max((r["verify_kv_max_abs"] for r in v), default=0.0),
         )
-    engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool}
+    if tier_io is not None:
+        if "tiers" not in summary:
+            summary.update(tier_results(frame, [r.tier_hits for r in requests], tier_io, bs))
+        tier_io.close()
+    engine_config = {**engine.config(), "timer": timer, "pool_blocks_used": pool, **tier_config(tier_io)}
     return EngineServingResult(frame, timeseries, summary, config, trace, model_p, hw, engine=engine_config,
                                generated=dict(executor.generated), steps=step_frame(executor.steps),
                                verify=pd.DataFrame(executor.verify_reports))

@@ -62,11 +62,12 @@ def tier_columns(frame: pd.DataFrame, cols: dict, tiers: Sequence[Tier], block_s
 
 
 def tier_summary(frame: pd.DataFrame, counters: Sequence[TierCounters], tiers: Sequence[Tier], block_size: int,
-                 model: str | None) -> dict:
+                 model: str | None, per_block: int | None = None) -> dict:
     """``device_token_hit_rate`` and the ``tiers`` list (one dict per lower tier, level 1 first) from each
-    tier's counters (a TierStack's ``[t.counters for t in stack.tiers]``, or the compiled kernel's)."""
+    tier's counters (a TierStack's ``[t.counters for t in stack.tiers]``, or the compiled kernel's). Bytes from
+    ``model``'s KV bytes per block, or ``per_block`` (bytes; the engine's pool layout) when given."""
     prompt = float(frame["prompt_tokens"].sum())
-    per_block = kv_bytes_per_block(model, block_size)
+    per_block = per_block or kv_bytes_per_block(model, block_size)
     out: list[dict] = []
     for t, c in zip(tiers, counters, strict=True):
         chunk = t.chunk_blocks

@@ -23,12 +23,21 @@ A :class:`TierStack` is attached to the device :class:`~kvlab.cache.prefix_cache
 
 A store that finds no free or evictable slot is skipped and counted. Units: blocks of the device's block
 size unless a name says chunks (a chunked tier's slots); tokens only in ``max_load_tokens``.
+
+Data movement (the real engine, kvlab.engine.tiers.store): a :class:`TierMover` given to :meth:`TierStack.attach`
+moves the K/V bytes of every slot event: ``store`` when a slot gets its key (from device blocks, or from the
+slot of the tier above that evicts it: called before the evicting allocation reuses the source), ``load`` into
+the device blocks the admission placed, ``drop`` when a slot loses its key, and ``check`` at lookup: a slot
+whose data cannot be read (corrupt, missing, a failed write) is a miss there, dropped at the next admission, so
+its blocks are recomputed, never served; a failed ``store`` leaves the slot free. Without a mover (the replay)
+nothing of this runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvlab.cache.block import KVBlock
 from kvlab.cache.context import NO_CONTEXT, AccessContext
@@ -49,6 +58,28 @@ class TierCounters:
     evictions: int = 0
     evicted_unread: int = 0  # chunks evicted that were never loaded since they were stored
     removed_exclusive: int = 0  # chunks dropped because the key moved up (exclusive)
+
+
+class TierMover(Protocol):
+    """Moves the K/V bytes of lower-tier slots (module docstring). ``level``: 1 = just below the device;
+    ``slot``: the tier's block id (one chunk); device ids are KV-pool block ids."""
+
+    def check(self, level: int, slot: int) -> bool:
+        """Whether ``slot``'s data can be served (read and verified now; no change to the tiers)."""
+
+    def store(self, level: int, slot: int, src_level: int, src: Sequence[int], keyed: bool) -> bool:
+        """Copy a chunk into ``slot``: from device blocks ``src`` (``src_level`` 0; ``keyed``: blocks keyed
+        now, whose K/V may be written later in the step) or from slot ``src[0]`` of tier ``src_level``.
+        False: nothing stored (the slot stays free)."""
+
+    def load(self, level: int, slot: int, first: int, blocks: Sequence[int]) -> None:
+        """Copy blocks ``first .. first + len(blocks) - 1`` of ``slot``'s chunk into device blocks ``blocks``."""
+
+    def drop(self, level: int, slot: int) -> None:
+        """``slot`` lost its key (evicted, moved up, bad): free its data."""
+
+    def admitted(self) -> None:
+        """An admission's loads are done (reads staged by ``check`` that no load used may go)."""
 
 
 class _Pair(Sequence):
@@ -152,16 +183,27 @@ class TierStack:
         self.ctx: AccessContext = NO_CONTEXT  # the request being admitted (for hooks run by evictions)
         self.hits: dict[Hashable, int] = {}  # selective: hits of a key while resident on the device
         self._selective = any(t.spec.write == "write_through_selective" for t in self.tiers)
+        self.mover: TierMover | None = None  # moves the K/V bytes (the real engine); None: metadata only
+        self._check = None  # mover.check, or None
+        self._bad: list[tuple[LowerTier, KVBlock]] = []  # slots a lookup found unreadable: dropped at admission
         device.tiers = self
         device.key_listener = self._device_dropped
         for t in self.tiers:
             t.cache.key_listener = self._listener(t)
+
+    def attach(self, mover: TierMover) -> None:
+        """Move K/V bytes with ``mover`` from now on (before the first request: the tiers must be empty)."""
+        if any(t.cache.num_cached_blocks for t in self.tiers):
+            raise ConfigError("attach a tier mover before the tiers hold anything")
+        self.mover = mover
+        self._check = mover.check
 
     # ------------------------------------------------------------------ admission steps
     def lookup(self, keys: Sequence[Hashable], start: int, limit: int) -> TierHits:
         """Lower-tier lookup for positions ``start .. limit - 1`` (``start`` = device hits)."""
         out = TierHits()
         h = start
+        check = self._check
         for t in self.tiers:
             if h >= limit:
                 break
@@ -174,6 +216,9 @@ class TierStack:
             while end < limit and (j + 1) * c <= len(keys):
                 slot = index.get(keys[(j + 1) * c - 1])
                 if slot is None:
+                    break
+                if check is not None and not check(t.level, slot.block_id):
+                    self._bad.append((t, slot))  # unreadable: a miss here (dropped at the next admission)
                     break
                 slots.append(slot)
                 end = (j + 1) * c
@@ -189,6 +234,8 @@ class TierStack:
     def pin(self, found: TierHits, ctx: AccessContext) -> None:
         """Count a hit on each found chunk and pin it (before the device allocates)."""
         self.ctx = ctx
+        if self._bad:
+            self._drop_bad()
         for level, _, _, slots in found.segments:
             t = self.tiers[level - 1]
             t.cache.touch(slots, ctx)
@@ -196,13 +243,16 @@ class TierStack:
     def begin(self, ctx: AccessContext) -> None:
         """The request whose admission runs now (hooks run by evictions see its context)."""
         self.ctx = ctx
+        if self._bad:
+            self._drop_bad()
 
     def load(self, found: TierHits | tuple, keys: Sequence[Hashable], device_hits: int,
-             ctx: AccessContext) -> list[int]:
-        """Read the loaded chunks (an exclusive tier drops them in :meth:`keyed`, when the device keys them),
-        release the pins, touch the request's other chunks; returns the loaded blocks per lower tier (index 0 =
-        level 1). Selective hit counts are updated here. ``found`` is ``()``
-        when the device hits reached the hit limit (no lower-tier lookup)."""
+             ctx: AccessContext, into: Sequence[KVBlock] = ()) -> list[int]:
+        """Read the loaded chunks into the device blocks ``into`` (the new blocks, positions ``device_hits ..``;
+        an exclusive tier drops the chunks in :meth:`keyed`, when the device keys them), release the pins, touch
+        the request's other chunks; returns the loaded blocks per lower tier (index 0 = level 1). Selective hit
+        counts are updated here. ``found`` is ``()`` when the device hits reached the hit limit (no lower-tier
+        lookup)."""
         if not isinstance(found, TierHits):
             found = TierHits()
         left = found.loaded
@@ -213,6 +263,9 @@ class TierStack:
             take = min(end - start, left)
             left -= take
             c.loaded_blocks += take
+            if take and self.mover is not None:
+                self._move_in(t, start, take, slots, [b.block_id for b in into[start - device_hits:
+                                                                               start - device_hits + take]])
             if take:
                 for slot in slots[: (start + take - 1) // t.chunk - start // t.chunk + 1]:
                     t.unread.discard(slot.block_id)
@@ -229,7 +282,9 @@ class TierStack:
                 k = keys[i]
                 n = hits.get(k, 0) + 1
                 hits[k] = n
-                self._store_selective(keys, i, n)
+                self._store_selective(keys, i, n, into, device_hits)
+        if self.mover is not None:
+            self.mover.admitted()
         return found.loaded_by_level(len(self.tiers))
 
     def keyed(self, keys: Sequence[Hashable], start: int, end: int, loaded: int, ctx: AccessContext) -> None:
@@ -250,11 +305,43 @@ class TierStack:
                 c = t.chunk
                 held: list[KVBlock] = []  # this request's stores, pinned until all are stored
                 for j in range(computed // c, end // c):  # chunks whose last block was computed now
-                    self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j, held)
+                    src = self._device_ids(keys, j * c, c) if self.mover is not None else None
+                    self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j, held, src, True)
                 if held:
                     t.cache.release(held, ctx)  # tail first, as the device releases: the tail is evicted first
 
     # ------------------------------------------------------------------ mechanics
+    def _move_in(self, t: LowerTier, start: int, take: int, slots: list[KVBlock], blocks: list[int]) -> None:
+        """The mover copies positions ``start .. start + take - 1`` (held by ``slots``, chunks of ``t``) into
+        device blocks ``blocks``."""
+        c = t.chunk
+        pos, stop = start, start + take
+        for slot in slots:
+            if pos >= stop:
+                break
+            first = pos % c
+            n = min(c - first, stop - pos)
+            self.mover.load(t.level, slot.block_id, first, blocks[pos - start: pos - start + n])
+            pos += n
+
+    def _device_ids(self, keys: Sequence[Hashable], start: int, n: int) -> list[int]:
+        """Device block ids holding positions ``start .. start + n - 1`` of ``keys`` (any block with the key)."""
+        get = self.device.get
+        return [get(keys[p]).block_id for p in range(start, start + n)]
+
+    def _drop_bad(self) -> None:
+        """Drop the slots a lookup found unreadable (still unreadable and evictable) from their tiers."""
+        bad, self._bad = self._bad, []
+        for t, slot in bad:
+            if slot.key is None or slot.ref_cnt or self.mover.check(t.level, slot.block_id):
+                continue
+            key = slot.key
+            t.cache.remove(slot, notify=False)
+            t.unread.discard(slot.block_id)
+            self.mover.drop(t.level, slot.block_id)
+            if key not in t.cache:
+                self._unpin_above(t.level, key)
+
     def _touch(self, t: LowerTier, keys: Sequence[Hashable], skip: set[int], ctx: AccessContext) -> None:
         c = t.chunk
         cache, policy = t.cache, t.cache.policy
@@ -268,11 +355,13 @@ class TierStack:
                 policy.on_unpin(slot, ctx)
 
     def _store(self, t: LowerTier, key: Hashable, parent: Hashable | None, pos: int,
-                held: list[KVBlock] | None = None) -> None:
+               held: list[KVBlock] | None = None, src: Sequence[int] | None = None, keyed: bool = False,
+               src_level: int = 0) -> None:
         """Store ``key`` (position ``pos``, parent ``parent``) in ``t``: skipped if present, if ``t`` is
         exclusive and a tier above holds it, or (counted) if no slot is free or evictable. The new slot is
         released at once, or kept pinned in ``held`` for the caller to release, or kept pinned while a tier
-        above holds the key (inclusive)."""
+        above holds the key (inclusive). With a mover, its data comes from ``src`` (device block ids, or the
+        slot of tier ``src_level``); a failed copy leaves the slot free and the key not stored."""
         cache = t.cache
         if cache.get(key) is not None:
             return
@@ -283,6 +372,9 @@ class TierStack:
             return
         (slot,), evicted = cache.allocate(1, self.ctx)
         t.counters.evictions += evicted
+        if self.mover is not None and not self.mover.store(t.level, slot.block_id, src_level, src, keyed):
+            cache.release([slot], self.ctx)  # no key: back to the free queue
+            return
         cache.cache_blocks([slot], _Pair(key, parent, pos), pos, self.ctx)
         t.counters.stored_chunks += 1
         t.unread.add(slot.block_id)
@@ -301,6 +393,8 @@ class TierStack:
         t.cache.remove(slot, notify=False)
         t.unread.discard(slot.block_id)
         t.counters.removed_exclusive += 1
+        if self.mover is not None:
+            self.mover.drop(t.level, slot.block_id)
 
     def _resident_above(self, t: LowerTier, key: Hashable) -> bool:
         if key in self.device:
@@ -324,10 +418,16 @@ class TierStack:
                 if slot is not None:
                     t.cache.release([slot], self.ctx)
 
-    def _store_selective(self, keys: Sequence[Hashable], pos: int, hits: int) -> None:
+    def _store_selective(self, keys: Sequence[Hashable], pos: int, hits: int, into: Sequence[KVBlock],
+                         first: int) -> None:
+        """Store ``keys[pos]`` (``hits`` hits so far) in the selective tiers it qualifies for; its device block is
+        a hit (``pos < first``) or ``into[pos - first]`` (loaded now, not keyed yet)."""
         for t in self.tiers:
             if t.spec.write == "write_through_selective" and hits >= t.spec.selective_hits:
-                self._store(t, keys[pos], keys[pos - 1] if pos else None, pos)
+                src = None
+                if self.mover is not None:
+                    src = [into[pos - first].block_id] if pos >= first else self._device_ids(keys, pos, 1)
+                self._store(t, keys[pos], keys[pos - 1] if pos else None, pos, None, src)
 
     def _device_dropped(self, block: KVBlock, last: bool) -> None:
         if not last:
@@ -335,7 +435,7 @@ class TierStack:
         key = block.key
         self.hits.pop(key, None)
         if self.tiers and self.tiers[0].spec.write == "write_back":
-            self._store(self.tiers[0], key, block.parent, block.position)
+            self._store(self.tiers[0], key, block.parent, block.position, None, [block.block_id])
         self._unpin_above(0, key)
 
     def _listener(self, t: LowerTier):  # noqa: ANN202 - a closure per tier
@@ -346,9 +446,11 @@ class TierStack:
                 t.unread.discard(slot.block_id)
                 t.counters.evicted_unread += 1
             if last and below is not None and below.spec.write == "write_back":
-                self._store(below, slot.key, slot.parent, slot.position)
+                self._store(below, slot.key, slot.parent, slot.position, None, [slot.block_id], False, t.level)
             if last:
                 self._unpin_above(t.level, slot.key)
+            if self.mover is not None:
+                self.mover.drop(t.level, slot.block_id)
 
         return dropped
 

@@ -1,0 +1,73 @@
+"""The engine's real tiers: disk tier reads (cold, warm, O_DIRECT) and writes, DRAM tier copies; a disk profile.
+
+Times kvlab's own stores (kvlab.engine.tiers.measure): one op is one slot file of ``chunk`` blocks in the pool's
+block layout (default: Llama-3-8B, 16-token blocks of 2 MiB; chunks of 1 and 16 blocks, 2 MiB and 32 MiB).
+
+* ``write``: checksums (xxh3-64 per block), write to a temporary name, fsync, rename; ``write_nofsync`` without
+  the fsync;
+* ``read_warm``: the store's read (checksums verified) with the file in the page cache;
+* ``read_cold``: the same after ``posix_fadvise(DONTNEED)`` dropped the file's pages (from the device);
+* ``read_direct``: an ``O_DIRECT`` read of the whole file (the device alone: no page cache, no checksum); not
+  measured where the file system refuses O_DIRECT (said so in the output);
+* ``dram copy``: a host memcpy of the same bytes (on a CPU-only machine, that is all a DRAM tier does; host to
+  device bandwidth comes only from benchmarks/gpu_check.sh on a GPU).
+
+Prints MB/s (10^6 bytes/s) and median / p90 latency per op, the disk profiles fitted through the sizes
+(``latency_s + bytes / bandwidth_Bps``, the dict the simulator's tier timing takes), and writes everything as
+JSON to ``--out``.
+
+Run: ``python benchmarks/bench_tier_io.py [--dir DIR] [--chunks 1,16] [--ops 12] [--out results/bench_tier_io.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+from kvlab.engine.tiers.measure import LLAMA3_8B, OPS, disk_profile, measure_disk, measure_dram
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: the temp dir)")
+    ap.add_argument("--chunks", default="1,16", help="blocks per op, comma-separated")
+    ap.add_argument("--ops", type=int, default=12, help="files per size")
+    ap.add_argument("--out", default="results/bench_tier_io.json")
+    args = ap.parse_args()
+    chunks = [int(c) for c in args.chunks.split(",")]
+
+    disk = measure_disk(args.dir, chunks=chunks, ops=args.ops)
+    dram = measure_dram(chunks=chunks)
+    print(f"disk tier in {disk['directory']} ({platform.node()}), block {LLAMA3_8B.bytes_per_block / 2**20:g} MiB "
+          f"(Llama-3-8B, 16 tokens); cold reads: {disk['cold_method']}; "
+          f"{disk.get('read_direct', 'O_DIRECT reads measured')}")
+    print(f"{'op':<15}{'blocks':>7}{'MiB/op':>8}{'MB/s':>10}{'median ms':>11}{'p90 ms':>9}")
+    for size in disk["sizes"].values():
+        for op in OPS:
+            if op in size:
+                s = size[op]
+                print(f"{op:<15}{size['chunk_blocks']:>7}{s['bytes_per_op'] / 2**20:>8.0f}{s['MBps']:>10.0f}"
+                      f"{s['median_s'] * 1e3:>11.2f}{s['p90_s'] * 1e3:>9.2f}")
+        print(f"{'(xxh3 checksum':<15}{size['chunk_blocks']:>7}{size['bytes_per_op'] / 2**20:>8.0f}"
+              f"{size['checksum_GBps'] * 1e3:>10.0f})")
+    for size in dram["sizes"].values():
+        s = size["copy"]
+        print(f"{'dram copy':<15}{size['chunk_blocks']:>7}{s['bytes_per_op'] / 2**20:>8.0f}{s['MBps']:>10.0f}"
+              f"{s['median_s'] * 1e3:>11.2f}{s['p90_s'] * 1e3:>9.2f}")
+    profiles = {op: disk_profile(disk, op) for op in ("read_cold", "read_warm", "read_direct", "write")
+                if any(op in s for s in disk["sizes"].values())}
+    for op, p in profiles.items():
+        print(f"disk profile {op:<12} latency {p['latency_s'] * 1e3:7.3f} ms, bandwidth {p['bandwidth_Bps'] / 1e9:6.2f}"
+              " GB/s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({"disk": disk, "dram": dram, "profiles": profiles, "host": platform.node()}, indent=1))
+    tmp.replace(out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

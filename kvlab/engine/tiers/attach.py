@@ -1,0 +1,94 @@
+"""The engine's lower tiers: a :class:`~kvlab.tiers.TierStack` beside its cache core, with real stores.
+
+:func:`attach_tiers` builds the stack (docs/tiers.md semantics, the replay's) and a
+:class:`~kvlab.engine.tiers.store.TierIO` that moves the K/V bytes: every tier in host DRAM, except, with a
+``tier_dir``, the last one, which is on disk there (docs/engine.md, "Real tiers in the engine").
+:func:`tier_results` adds the replay's per-request tier columns and the ``tiers`` summary list, with each
+tier's store kind, read and write errors and I/O seconds.
+
+Units: blocks, bytes, seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvlab.cache import PrefixCache
+from kvlab.engine.kv_pool import KVPool
+from kvlab.engine.tiers.store import DiskStore, DramStore, TierDir, TierIO
+from kvlab.errors import ConfigError
+from kvlab.tiers import Tier, TierStack
+from kvlab.tiers.results import tier_columns, tier_summary
+
+
+def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier], *, tier_dir: str | os.PathLike | None = None,
+                 max_load_tokens: int | None = None, defer: bool = False, fsync: bool = True,
+                 quota_bytes: int | None = None) -> TierIO | None:
+    """Tiers ``tiers`` below ``cache`` (whose block ids are ``pool``'s), their bytes in real stores; None
+    without tiers. ``capacity_gib`` tiers are sized with the pool's bytes per block. ``tier_dir``: the last
+    tier is a :class:`~kvlab.engine.tiers.store.DiskStore` there (``fsync``, ``quota_bytes``: its options).
+    ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule)."""
+    tiers = list(tiers or [])
+    if not tiers:
+        if tier_dir is not None or max_load_tokens is not None:
+            raise ConfigError("tier_dir and max_load_tokens need tiers=[Tier(...)]")
+        return None
+    if max_load_tokens is not None and max_load_tokens < 0:
+        raise ConfigError(f"max_load_tokens must be >= 0 tokens, got {max_load_tokens}")
+    layout = pool.layout
+    resolved = [t.resolve(layout.bytes_per_block) for t in tiers]
+    stack = TierStack(cache, resolved, max_load_tokens=max_load_tokens)
+    where = TierDir(tier_dir) if tier_dir is not None else None
+    stores: list[DramStore | DiskStore] = []
+    for i, lt in enumerate(stack.tiers):
+        if where is not None and i == len(tiers) - 1:
+            stores.append(DiskStore(where.path, lt.spec.name, layout, lt.chunk, fsync=fsync, quota_bytes=quota_bytes,
+                                    pin=pool.device.type == "cuda"))
+        else:
+            stores.append(DramStore(layout, lt.chunk, lt.cache.capacity_blocks, pin=pool.device.type == "cuda"))
+    io = TierIO(pool, stores, defer=defer, tier_dir=where)
+    io.stack, io.tiers, io.max_load_tokens = stack, resolved, max_load_tokens
+    stack.attach(io)
+    weakref.finalize(io, _close, stores, where)  # this run's files go when the engine does (or at exit)
+    return io
+
+
+def _close(stores: list, where: TierDir | None) -> None:
+    for s in stores:
+        s.close()
+    if where is not None:
+        where.close()
+
+
+def tier_config(io: TierIO | None) -> dict:
+    """The tiers' part of an engine's config (empty without tiers)."""
+    if io is None:
+        return {}
+    return {"tiers": [t.label() for t in io.tiers], "tier_stores": [s.kind for s in io.stores],
+            "tier_dir": str(io.dir.path) if io.dir is not None else None, "max_load_tokens": io.max_load_tokens}
+
+
+def request_tier_hits(io: TierIO, tier_hits: Sequence[int] | None) -> list[int]:
+    """One request's loaded blocks per tier (level 1 first), zeros when it loaded none."""
+    return list(tier_hits) if tier_hits else [0] * len(io.tiers)
+
+
+def tier_results(frame: pd.DataFrame, tier_hits: Sequence[Sequence[int]], io: TierIO | None, block_size: int) -> dict:
+    """Adds ``hit_tokens_device`` and ``hit_tokens_<tier>`` to ``frame`` (``tier_hits``: loaded blocks per
+    request and tier); returns the summary's ``device_token_hit_rate`` and ``tiers`` list (bytes from the pool's
+    layout; per tier also ``store``, ``read_errors``, ``write_errors``, ``read_s``, ``write_s``). Without tiers
+    (``io`` None): nothing."""
+    if io is None:
+        return {}
+    hits = np.asarray([request_tier_hits(io, h) for h in tier_hits], np.int64).reshape(len(frame), len(io.tiers))
+    tier_columns(frame, {"tier_hit_blocks": hits}, io.tiers, block_size)
+    out = tier_summary(frame, [t.counters for t in io.stack.tiers], io.tiers, block_size, None,
+                       per_block=io.pool.layout.bytes_per_block)
+    for entry, extra in zip(out["tiers"], io.summary(), strict=True):
+        entry.update(extra)
+    return out

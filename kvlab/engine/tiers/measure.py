@@ -1,0 +1,159 @@
+"""Measure the engine's real tiers: disk store reads (cold and warm) and writes, DRAM copies; a disk profile.
+
+:func:`measure_disk` times :class:`~kvlab.engine.tiers.store.DiskStore` operations at one or more chunk sizes
+(one op = one slot file of ``chunk`` blocks): ``write`` (checksums, write, fsync, rename: the store's code path),
+``write_nofsync`` (the same without fsync), ``read_warm`` (page cache hot, checksums verified), ``read_cold``
+(the file's pages dropped first with ``posix_fadvise(DONTNEED)``, then the store's read), ``read_direct``
+(``O_DIRECT``: the device's read speed, no page cache and no checksum; skipped, and said so, where the file
+system refuses O_DIRECT). :func:`measure_dram` times host copies of the same sizes (on a CPU-only machine a DRAM
+tier is a memcpy; host-to-device bandwidth needs a GPU: benchmarks/gpu_check.sh).
+
+:func:`disk_profile` fits ``seconds = latency_s + bytes / bandwidth_Bps`` through the medians of one operation
+at every measured size (least squares; one size: no latency term) and returns the plain dict the simulator's
+tier timing takes. Units: bytes, seconds, bytes/s.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from kvlab.engine.kv_pool import KVLayout
+from kvlab.engine.tiers.store import DiskStore, checksums
+
+#: Llama-3-8B's KV layout (32 layers, 8 KV heads, head_dim 128, bf16) in 16-token blocks: 2 MiB a block
+LLAMA3_8B = KVLayout(32, 8, 128, 16, torch.bfloat16)
+OPS = ("write", "write_nofsync", "read_warm", "read_cold", "read_direct")
+
+
+def _stats(seconds: list[float], nbytes: int) -> dict:
+    med = statistics.median(seconds)
+    return {"ops": len(seconds), "bytes_per_op": nbytes, "median_s": med, "p90_s": sorted(seconds)[
+        int(0.9 * (len(seconds) - 1))], "mean_s": statistics.fmean(seconds), "MBps": nbytes / med / 1e6}
+
+
+def _direct_read(path: Path, size: int) -> float | None:
+    """Seconds of one O_DIRECT read of ``path`` (``size`` bytes, a multiple of 4096); None if refused."""
+    flag = getattr(os, "O_DIRECT", None)
+    if flag is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | flag)
+    except OSError:
+        return None
+    buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
+    try:
+        t0 = time.perf_counter()
+        n = os.preadv(fd, [buf], 0)
+        dt = time.perf_counter() - t0
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        buf.close()
+    return dt if n == size else None
+
+
+def _drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def measure_disk(directory: str | os.PathLike | None = None, *, layout: KVLayout = LLAMA3_8B,
+                 chunks: Sequence[int] = (1, 16), ops: int = 12) -> dict:
+    """Disk store timings at each chunk size (``ops`` files each; module docstring). ``directory``: where the
+    files go (a new temporary directory inside it, removed after; default: the system's temp dir)."""
+    out: dict = {"directory": str(directory or tempfile.gettempdir()), "block_bytes": layout.bytes_per_block,
+                 "layout": layout.to_dict(), "sizes": {}, "cold_method": "posix_fadvise(DONTNEED) then read"}
+    gen = torch.Generator().manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="kvlab-bench-tier-io-", dir=directory) as tmp:
+        for c in chunks:
+            store = DiskStore(Path(tmp), f"b{c}", layout, c)
+            data = torch.randn((c, *layout.pool_shape(1)[1:]), generator=gen).to(layout.dtype)
+            nbytes = c * layout.bytes_per_block
+            t: dict[str, list[float]] = {op: [] for op in OPS}
+            for i in range(ops):
+                t0 = time.perf_counter()
+                store.write(i, data)
+                t["write"].append(time.perf_counter() - t0)
+            store.fsync = False
+            for i in range(ops):
+                t0 = time.perf_counter()
+                store.write(ops + i, data)
+                t["write_nofsync"].append(time.perf_counter() - t0)
+            os.sync()
+            for i in range(ops):
+                store.recycle(store.read(i))  # warm the page cache (and the store's read buffer)
+                t0 = time.perf_counter()
+                back = store.read(i)
+                t["read_warm"].append(time.perf_counter() - t0)
+                store.recycle(back)
+            for i in range(ops):
+                _drop(store.path(i))
+                t0 = time.perf_counter()
+                back = store.read(i)
+                t["read_cold"].append(time.perf_counter() - t0)
+                if not torch.equal(back.view(torch.uint8), data.view(torch.uint8)):
+                    raise RuntimeError(f"slot {i} read back different bytes")
+                store.recycle(back)
+            for i in range(ops):
+                dt = _direct_read(store.path(i), store.file_bytes)
+                if dt is None:
+                    break
+                t["read_direct"].append(dt)
+            raw = memoryview(data.view(torch.uint8).reshape(-1).numpy())
+            t0 = time.perf_counter()
+            checksums(raw, layout.bytes_per_block)
+            sum_s = time.perf_counter() - t0
+            out["sizes"][str(c)] = {"chunk_blocks": c, "bytes_per_op": nbytes, "checksum_GBps": nbytes / sum_s / 1e9,
+                                    **{op: _stats(v, nbytes) for op, v in t.items() if v}}
+            if not t["read_direct"]:
+                out["read_direct"] = "O_DIRECT refused by this file system: read_direct not measured"
+            store.close()
+    return out
+
+
+def measure_dram(*, layout: KVLayout = LLAMA3_8B, chunks: Sequence[int] = (1, 16), ops: int = 20) -> dict:
+    """Host copy timings of ``chunk`` blocks (a DRAM tier's store or load on a CPU engine: a memcpy)."""
+    out: dict = {"what": "host memcpy (torch copy_), CPU tensors: a DRAM tier on a CPU engine", "sizes": {}}
+    for c in chunks:
+        src = torch.randn((c, *layout.pool_shape(1)[1:])).to(layout.dtype)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        secs = []
+        for _ in range(ops):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            secs.append(time.perf_counter() - t0)
+        out["sizes"][str(c)] = {"chunk_blocks": c, "copy": _stats(secs, c * layout.bytes_per_block)}
+    return out
+
+
+def disk_profile(measured: dict, op: str = "read_cold") -> dict:
+    """``{"latency_s", "bandwidth_Bps", "source"}`` of ``op`` (one of :data:`OPS`) from :func:`measure_disk`'s
+    result: least squares of median seconds on bytes per op over the measured sizes (module docstring)."""
+    pts = [(s["bytes_per_op"], s[op]["median_s"]) for s in measured["sizes"].values() if op in s]
+    if not pts:
+        raise ValueError(f"no {op} measurements")
+    if len(pts) == 1:
+        (b, sec), lat = pts[0], 0.0
+        bw = b / sec
+    else:
+        mb, ms = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
+        slope = sum((b - mb) * (s - ms) for b, s in pts) / sum((b - mb) ** 2 for b, _ in pts)
+        bw = 1.0 / slope if slope > 0 else max(b / s for b, s in pts)
+        lat = max(0.0, ms - slope * mb) if slope > 0 else min(s for _, s in pts)
+    sizes = ", ".join(f"{b // 1024} KiB" for b, _ in pts)
+    return {"latency_s": lat, "bandwidth_Bps": bw,
+            "source": f"measured {op} of kvlab's DiskStore in {measured['directory']} ({sizes} per op; "
+                      f"bench_tier_io.py)"}
