@@ -38,6 +38,7 @@ from kvlab.workload.native_schema import (
     INT_ABSENT,
     OPTIONAL_COLUMNS,
     RECORD_KEYS,
+    build_segments,
     check_parents_resolvable,
     default_header,
     get_block_size,
@@ -45,7 +46,9 @@ from kvlab.workload.native_schema import (
     make_header,
     optional_columns,
     parse_header,
+    parse_segments,
     prompt_key,
+    segments_records,
 )
 from kvlab.workload.workload import CATEGORICAL_COLUMNS, Workload
 
@@ -79,6 +82,7 @@ def load_jsonl(
     cols: dict[str, list] = {c: [] for c in OPTIONAL_COLUMNS}
     out_counts: list[int] = []
     out_flat: list[int] = []
+    segs: list[list] = []
     seen: set[str] = set()
     prev_a, prev_ln = None, 0
     for ln, obj in iter_json_lines(p, data):
@@ -139,6 +143,7 @@ def load_jsonl(
                     p, ln, "input_length", f"is {obj['input_length']} but the prompt has {il} tokens"
                 )
         _read_optional(p, ln, obj, cols, out_counts, out_flat)
+        segs.append(parse_segments(p, ln, obj["segments"], il) if "segments" in obj else [])
         seen.update(obj)
         arrival.append(a)
         out_len.append(ol)
@@ -151,6 +156,8 @@ def load_jsonl(
     kind = kind or "tokens"
     present = (seen | set(hd["columns"])) & set(OPTIONAL_COLUMNS)
     kw = optional_columns(p, present, cols, lines, hd, out_counts, out_flat)
+    if "segments" in present:
+        kw["segments"] = build_segments(p, segs, lines)
     return Workload(
         arrival=np.array(arrival, dtype=np.float64),
         input_length=np.array(in_len, dtype=np.int64),
@@ -220,6 +227,8 @@ def save_jsonl(workload: Workload, path: str | os.PathLike) -> Path:
     if w.output_offsets is not None:
         o_offs, o_vals = w.output_offsets.tolist(), w.output_values.tolist()
         extra.append(("output_tokens", [o_vals[o_offs[i] : o_offs[i + 1]] for i in range(n)]))
+    if w.segments is not None:
+        extra.append(("segments", segments_records(w)))
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(head) + "\n")

@@ -40,14 +40,37 @@ from kvlab.workload.native_schema import (
     COLUMN_KEYS,
     INT_ABSENT,
     OPTIONAL_COLUMNS,
+    build_segments,
     check_parents_resolvable,
     default_header,
     make_header,
     optional_columns,
     parse_header,
+    parse_segments,
     prompt_key,
+    segments_records,
 )
+from kvlab.workload.segments import Segments
 from kvlab.workload.workload import CATEGORICAL_COLUMNS, Workload
+
+SEGMENTS_TYPE = pa.list_(
+    pa.struct([("kind", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("text", pa.string())])
+)
+"""The ``segments`` column: per request a list of ``{kind, start, end, text}`` (text null when unknown)."""
+
+
+def _segments_column(p: str, table: pa.Table, in_len: np.ndarray) -> Segments:
+    """The ``segments`` column checked row by row (the JSONL rules: :func:`.native_schema.parse_segments`)."""
+    col = table.column("segments")
+    if not pa.types.is_list(col.type) or not pa.types.is_struct(col.type.value_type):
+        got = one_line(str(col.type), 80)
+        raise TraceFormatError(p, None, "segments", f"expected a list<struct> column, got {got}")
+    per_request = []
+    for i, v in enumerate(col.to_pylist()):
+        if v is not None:
+            v = [{k: x for k, x in s.items() if not (k == "text" and x is None)} if type(s) is dict else s for s in v]
+        per_request.append(parse_segments(p, None, [] if v is None else v, int(in_len[i]), f"row {i}: "))
+    return build_segments(p, per_request, None)
 
 
 def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
@@ -88,6 +111,8 @@ def save_parquet(workload: Workload, path: str | os.PathLike) -> Path:
             data[c] = _dict_array(getattr(w, c))
     if w.output_offsets is not None:
         data["output_tokens"] = _list_array(w.output_offsets, w.output_values)
+    if w.segments is not None:
+        data["segments"] = pa.array(segments_records(w), type=SEGMENTS_TYPE)
     table = pa.table(data).replace_schema_metadata({"kvlab": json.dumps(head)})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
@@ -190,6 +215,9 @@ def load_parquet(
         o_off, out_flat = _list_column(p, table, "output_tokens", nullable=True)
         out_counts = np.diff(o_off)
     kw = optional_columns(p, pres, cols, None, hd, out_counts, out_flat)
+    if "segments" in pres:
+        present = "segments" in names
+        kw["segments"] = _segments_column(p, table, in_len) if present else build_segments(p, [[]] * n, None)
     return Workload(
         arrival=arrival,
         input_length=in_len,

@@ -12,7 +12,10 @@ prompt: ``tokens`` (token ids), ``text`` (tokenised by the loader's ``tokenizer`
 per-record ``block_size`` that must agree, or the loader's ``block_size`` argument). Optional:
 ``input_length`` (tokens records: must equal the token count), ``request_id``, ``session``, ``turn``
 (ints), ``parent`` (the *request_id* of the previous turn, null for none), ``tenant``, ``category``,
-``adapter``, ``salt`` (string or int, null for none), ``output_tokens`` (ids of a known answer).
+``adapter``, ``salt`` (string or int, null for none), ``output_tokens`` (ids of a known answer),
+``segments`` (the prompt's tagged segments, in order: ``[{"kind": "system", "start": 0, "end": 12,
+"text": "..."}, ...]``, token spans ``[start, end)`` into the prompt; ``text`` on every segment of the file
+or on none; :mod:`kvlab.workload.segments`).
 Unknown keys are errors (the format is ours; typos should not pass silently).
 
 Header keys: ``kvlab_trace`` (format version, 1), ``kind`` ("tokens" | "blocks"), ``block_size``,
@@ -40,11 +43,12 @@ import pandas as pd
 
 from kvlab.errors import ConfigError, TraceFormatError
 from kvlab.workload._common import MAX_REQUEST_TOKENS, csr, describe, field_label, get_int
+from kvlab.workload.segments import SEGMENT_KINDS, Segment, Segments
 from kvlab.workload.workload import CATEGORICAL_COLUMNS, Workload
 
 FORMAT_VERSION = 1
 PROMPT_KEYS = ("tokens", "text", "hash_ids")
-OPTIONAL_COLUMNS = ("request_id", "session", "turn", "parent", *CATEGORICAL_COLUMNS, "output_tokens")
+OPTIONAL_COLUMNS = ("request_id", "session", "turn", "parent", *CATEGORICAL_COLUMNS, "output_tokens", "segments")
 COLUMN_KEYS = frozenset(("arrival", "output_length", "input_length", *PROMPT_KEYS, *OPTIONAL_COLUMNS))
 RECORD_KEYS = COLUMN_KEYS | {"block_size"}  # a JSONL record may repeat its block size; a Parquet file may not
 HEADER_KEYS = frozenset(("kvlab_trace", "kind", "block_size", "name", "columns", "categories", "ordered", "meta"))
@@ -136,9 +140,11 @@ def default_header(path: str) -> dict:
 
 def make_header(w: Workload) -> dict:
     """The header object describing ``w`` (both writers; :func:`parse_header` accepts it)."""
-    columns = [c for c in OPTIONAL_COLUMNS if c != "output_tokens" and getattr(w, c) is not None]
+    columns = [c for c in OPTIONAL_COLUMNS if c not in ("output_tokens", "segments") and getattr(w, c) is not None]
     if w.output_offsets is not None:
         columns.append("output_tokens")
+    if w.segments is not None:
+        columns.append("segments")
     cats: dict[str, list] = {}
     ordered = []
     for c in CATEGORICAL_COLUMNS:
@@ -255,3 +261,73 @@ def optional_columns(
         kw["output_offsets"] = csr(out_counts)
         kw["output_values"] = np.asarray(out_flat, dtype=np.int64) if len(out_flat) else np.zeros(0, np.int64)
     return kw
+
+
+# ---------------------------------------------------------------------------------------------- segments
+SEGMENT_KEYS = frozenset(("kind", "start", "end", "text"))
+
+
+def parse_segments(path: str, ln: int | None, value: Any, input_length: int, pre: str = "") -> list[Segment]:
+    """One record's ``segments`` value (a list of ``{kind, start, end[, text]}``) as checked Segments.
+
+    Spans are token positions in the prompt, ordered, non-overlapping, within ``[0, input_length]``;
+    ``pre`` prefixes messages (``"row i: "`` for Parquet).
+    """
+    if type(value) is not list:
+        raise TraceFormatError(path, ln, "segments", f"{pre}expected a list of segment objects, got {describe(value)}")
+    out: list[Segment] = []
+    prev_end = 0
+    for k, seg in enumerate(value):
+        where = f"{pre}segment {k}"
+        if type(seg) is not dict:
+            raise TraceFormatError(path, ln, "segments", f"{where}: expected an object, got {describe(seg)}")
+        unknown = sorted(set(seg) - SEGMENT_KEYS)
+        if unknown:
+            raise TraceFormatError(path, ln, "segments", f"{where}: unknown key {field_label(unknown[0])!r}")
+        kind = seg.get("kind")
+        if kind not in SEGMENT_KINDS:
+            raise TraceFormatError(
+                path, ln, "segments", f"{where}: kind {describe(kind)} is not one of {', '.join(SEGMENT_KINDS)}"
+            )
+        try:
+            start = get_int(path, ln, seg, "start", min_value=0)
+            end = get_int(path, ln, seg, "end", min_value=0)
+        except TraceFormatError as e:
+            raise TraceFormatError(path, ln, "segments", f"{where}: {e.field} {e.message}") from None
+        if not prev_end <= start <= end <= input_length:
+            raise TraceFormatError(
+                path, ln, "segments",
+                f"{where}: span [{start}, {end}) must lie in [{prev_end}, {input_length}] (tokens, in order)",
+            )
+        text = seg.get("text")
+        if "text" in seg and type(text) is not str:
+            raise TraceFormatError(path, ln, "segments", f"{where}: text must be a string, got {describe(text)}")
+        out.append(Segment(kind, start, end, text))
+        prev_end = end
+    return out
+
+
+def build_segments(path: str, per_request: list[list[Segment]], lines: list[int] | None) -> Segments:
+    """The Segments of a file's requests; texts must be on every segment or on none (error names the line)."""
+    has = [[s.text is not None for s in r] for r in per_request]
+    flat = [h for r in has for h in r]
+    if any(flat) and not all(flat):
+        want = not flat[0]  # the first segment decides; report the first that differs
+        i = next(i for i, r in enumerate(has) if want in r)
+        ln, pre = (lines[i], "") if lines is not None else (None, f"row {i}: ")
+        what = "has a text" if want else "has no text"
+        raise TraceFormatError(path, ln, "segments", f"{pre}segment {has[i].index(want)} {what}, unlike the first")
+    return Segments.from_lists(per_request)
+
+
+def segments_records(w: Workload) -> list[list[dict]]:
+    """Per request the ``segments`` value both writers store (``text`` only where the workload has texts)."""
+    seg = w.segments
+    assert seg is not None
+    out = []
+    for i in range(len(w)):
+        out.append([
+            {"kind": s.kind, "start": s.start, "end": s.end} | ({} if s.text is None else {"text": s.text})
+            for s in seg.of(i)
+        ])
+    return out

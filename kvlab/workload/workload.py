@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
+from kvlab.workload.segments import Segment, Segments
 
 PromptKind = str  # "blocks" | "tokens"
 #: tokens per block of a token trace when none is given (vLLM's default); hash traces use their own
@@ -52,6 +53,7 @@ class Workload:
     salt: pd.Categorical | None = None  # cache_salt, part of the first block key only
     output_offsets: np.ndarray | None = None  # int64 [n + 1], CSR of known output token ids (token traces)
     output_values: np.ndarray | None = None
+    segments: Segments | None = None  # tagged token spans of each prompt (kvlab.workload.segments)
     name: str = "workload"
     source: str | None = None  # path or URL it was loaded from
     checksum: str | None = None  # sha256 of the source file(s)
@@ -117,6 +119,8 @@ class Workload:
             col = getattr(self, name)
             if col is not None and len(col) != n:
                 raise ConfigError(f"Workload.{name} has {len(col)} rows, expected {n}")
+        if self.segments is not None:
+            self.segments.validate(self.input_length)
 
     def expected_prompt_values(self, input_length: np.ndarray) -> np.ndarray:
         """Prompt values per request implied by ``input_length``.
@@ -130,6 +134,10 @@ class Workload:
     def prompt(self, i: int) -> np.ndarray:
         """Prompt of request row ``i``: block ids or token ids (a view, do not modify)."""
         return self.prompt_values[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
+
+    def segment_spans(self, i: int) -> list[Segment]:
+        """Segments of row ``i`` (:class:`~kvlab.workload.segments.Segment`: kind, token span, text); [] if none."""
+        return [] if self.segments is None else self.segments.of(i)
 
     def output(self, i: int) -> np.ndarray | None:
         """Known output token ids of row ``i`` (token traces with reference answers), else None."""
@@ -183,6 +191,8 @@ class Workload:
             np.cumsum(o_counts, out=o_off[1:])
             kw["output_offsets"] = o_off
             kw["output_values"] = _gather_ranges(self.output_values, o_starts, o_counts)
+        if self.segments is not None:
+            kw["segments"] = self.segments.select(idx)
         return Workload(**kw)
 
     def head(self, n: int) -> Workload:
@@ -215,6 +225,8 @@ class Workload:
             h.update(f";{name}=".encode())
             if col is not None:
                 h.update("\x1f".join("" if pd.isna(x) else str(x) for x in col).encode())
+        if self.segments is not None:  # absent: the hash is what it was before segments existed
+            self.segments.update_hash(h)
         digest = h.hexdigest()
         self.__dict__["_content_sha256"] = digest
         return digest
