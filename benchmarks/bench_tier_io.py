@@ -13,8 +13,8 @@ block layout (default: Llama-3-8B, 16-token blocks of 2 MiB; chunks of 1 and 16 
   device bandwidth comes only from benchmarks/gpu_check.sh on a GPU).
 
 Prints MB/s (10^6 bytes/s) and median / p90 latency per op, the disk profiles fitted through the sizes
-(``latency_s + bytes / bandwidth_Bps``, the dict the simulator's tier timing takes), and writes everything as
-JSON to ``--out``.
+(``latency_s + bytes / bandwidth_Bps``) and, in the JSON written to ``--out``, ``medium_preset``: the fields of a
+simulator medium preset (kvlab.tiers.timing) from the cold reads and the writes.
 
 Run: ``python benchmarks/bench_tier_io.py [--dir DIR] [--chunks 1,16] [--ops 12] [--out results/bench_tier_io.json]``.
 """
@@ -26,7 +26,7 @@ import json
 import platform
 from pathlib import Path
 
-from kvlab.engine.tiers.measure import LLAMA3_8B, OPS, disk_profile, measure_disk, measure_dram
+from kvlab.engine.tiers.measure import LLAMA3_8B, OPS, disk_profile, measure_disk, measure_dram, medium_preset
 
 
 def main() -> None:
@@ -64,7 +64,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"disk": disk, "dram": dram, "profiles": profiles, "host": platform.node()}, indent=1))
+    record = {"disk": disk, "dram": dram, "profiles": profiles, "medium_preset": medium_preset(disk),
+              "host": platform.node()}
+    tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(out)
     print(f"wrote {out}")
 

@@ -172,6 +172,15 @@ def test_tier_dir_refuses_foreign_files_and_deletes_only_its_own(tmp_path):
     assert sorted(os.listdir(used)) == [MARKER, "keep.txt"]
 
 
+def test_a_tier_dir_in_use_is_refused_until_closed(model, tmp_path):
+    tiers = [Tier(name="ssd", capacity_blocks=8)]
+    first = tiered(model, tmp_path, tiers)
+    with pytest.raises(ConfigError, match="in use by another engine"):
+        tiered(model, tmp_path, tiers)
+    first.tier_io.close()
+    tiered(model, tmp_path, tiers).tier_io.close()
+
+
 def test_bad_arguments_name_the_field(model, tmp_path):
     with pytest.raises(ConfigError, match="tier_dir and max_load_tokens need tiers"):
         Engine(model, capacity_blocks=8, block_size=8, tier_dir=tmp_path)
@@ -193,3 +202,17 @@ def test_engine_serving_with_tiers_batched_passes_verify(model, tmp_path):
     assert res.summary["verify_pass_rate"] == 1.0 and res.summary["verified_requests"] == len(res.requests)
     assert [t["store"] for t in res.summary["tiers"]] == ["dram", "disk"]
     assert not (tmp_path / "t").exists()
+
+
+def test_disk_profile_fits_latency_and_bandwidth():
+    """The fit through per-op medians at several sizes recovers latency_s + bytes / bandwidth_Bps."""
+    from kvlab.engine.tiers.measure import disk_profile, medium_preset
+
+    sizes = {str(c): {"bytes_per_op": c << 21, "read_cold": {"median_s": 1e-3 + (c << 21) / 2e9},
+                      "write": {"median_s": 2e-3 + (c << 21) / 5e8}} for c in (1, 4, 16)}
+    measured = {"directory": "/x", "sizes": sizes}
+    prof = disk_profile(measured)
+    assert prof["latency_s"] == pytest.approx(1e-3) and prof["bandwidth_Bps"] == pytest.approx(2e9)
+    assert prof["source"].startswith("measured read_cold")
+    preset = medium_preset(measured)
+    assert preset["write_bandwidth"] == pytest.approx(5e8) and preset["kind"] == "medium"

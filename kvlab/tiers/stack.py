@@ -35,7 +35,7 @@ nothing of this runs.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -67,10 +67,12 @@ class TierMover(Protocol):
     def check(self, level: int, slot: int) -> bool:
         """Whether ``slot``'s data can be served (read and verified now; no change to the tiers)."""
 
-    def store(self, level: int, slot: int, src_level: int, src: Sequence[int], keyed: bool) -> bool:
-        """Copy a chunk into ``slot``: from device blocks ``src`` (``src_level`` 0; ``keyed``: blocks keyed
-        now, whose K/V may be written later in the step) or from slot ``src[0]`` of tier ``src_level``.
-        False: nothing stored (the slot stays free)."""
+    def store(self, level: int, slot: int, src_level: int, src: Sequence[int] | Callable[[], list[int]],
+              keyed: bool) -> bool:
+        """Copy a chunk into ``slot``: from device blocks ``src`` (``src_level`` 0) or from slot ``src[0]`` of
+        tier ``src_level``. ``keyed``: blocks keyed now, whose K/V may be written later in the step; ``src`` is
+        then a function giving the device blocks that hold the chunk's keys when it is called (None: a key
+        left the device). False: nothing stored (the slot stays free)."""
 
     def load(self, level: int, slot: int, first: int, blocks: Sequence[int]) -> None:
         """Copy blocks ``first .. first + len(blocks) - 1`` of ``slot``'s chunk into device blocks ``blocks``."""
@@ -305,7 +307,7 @@ class TierStack:
                 c = t.chunk
                 held: list[KVBlock] = []  # this request's stores, pinned until all are stored
                 for j in range(computed // c, end // c):  # chunks whose last block was computed now
-                    src = self._device_ids(keys, j * c, c) if self.mover is not None else None
+                    src = self._resolver(keys, j * c, c) if self.mover is not None else None
                     self._store(t, keys[(j + 1) * c - 1], keys[j * c - 1] if j else None, j, held, src, True)
                 if held:
                     t.cache.release(held, ctx)  # tail first, as the device releases: the tail is evicted first
@@ -324,10 +326,21 @@ class TierStack:
             self.mover.load(t.level, slot.block_id, first, blocks[pos - start: pos - start + n])
             pos += n
 
-    def _device_ids(self, keys: Sequence[Hashable], start: int, n: int) -> list[int]:
-        """Device block ids holding positions ``start .. start + n - 1`` of ``keys`` (any block with the key)."""
+    def _device_ids(self, keys: Sequence[Hashable], start: int, n: int) -> list[int] | None:
+        """Device block ids holding positions ``start .. start + n - 1`` of ``keys`` now (any block with the
+        key); None if one of the keys is not on the device."""
         get = self.device.get
-        return [get(keys[p]).block_id for p in range(start, start + n)]
+        out = []
+        for p in range(start, start + n):
+            block = get(keys[p])
+            if block is None:
+                return None
+            out.append(block.block_id)
+        return out
+
+    def _resolver(self, keys: Sequence[Hashable], start: int, n: int) -> Callable[[], list[int] | None]:
+        """:meth:`_device_ids` when called (a deferred store resolves its source after the forward pass)."""
+        return lambda: self._device_ids(keys, start, n)
 
     def _drop_bad(self) -> None:
         """Drop the slots a lookup found unreadable (still unreadable and evictable) from their tiers."""
@@ -355,8 +368,8 @@ class TierStack:
                 policy.on_unpin(slot, ctx)
 
     def _store(self, t: LowerTier, key: Hashable, parent: Hashable | None, pos: int,
-               held: list[KVBlock] | None = None, src: Sequence[int] | None = None, keyed: bool = False,
-               src_level: int = 0) -> None:
+               held: list[KVBlock] | None = None, src: Sequence[int] | Callable | None = None,
+               keyed: bool = False, src_level: int = 0) -> None:
         """Store ``key`` (position ``pos``, parent ``parent``) in ``t``: skipped if present, if ``t`` is
         exclusive and a tier above holds it, or (counted) if no slot is free or evictable. The new slot is
         released at once, or kept pinned in ``held`` for the caller to release, or kept pinned while a tier

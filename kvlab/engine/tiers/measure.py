@@ -157,3 +157,14 @@ def disk_profile(measured: dict, op: str = "read_cold") -> dict:
     return {"latency_s": lat, "bandwidth_Bps": bw,
             "source": f"measured {op} of kvlab's DiskStore in {measured['directory']} ({sizes} per op; "
                       f"bench_tier_io.py)"}
+
+
+def medium_preset(measured: dict, read: str = "read_cold") -> dict:
+    """The fields of a simulator medium preset (kvlab.tiers.timing.Preset, without its name) from
+    :func:`measure_disk`'s result: ``read`` op's fitted latency and bandwidth, the write bandwidth of ``write``
+    (the store's path: fsync and rename included), queue depth 1 (kvlab's store does one op at a time)."""
+    r, w = disk_profile(measured, read), disk_profile(measured, "write")
+    return {"kind": "medium", "bandwidth": r["bandwidth_Bps"], "latency_s": r["latency_s"],
+            "write_bandwidth": w["bandwidth_Bps"], "queue_depth": 1, "calibrated": True,
+            "description": f"kvlab DiskStore on {measured['directory']} ({read}, write with fsync)",
+            "source": r["source"]}

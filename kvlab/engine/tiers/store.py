@@ -31,7 +31,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,14 +116,21 @@ class DramStore:
         self.held.clear()
 
 
+_LIVE: set[Path] = set()  # tier directories in use in this process
+
+
 class TierDir:
     """A cache directory for disk tiers: created with a marker file, or an existing one that is empty or holds
-    kvlab's marker; ConfigError otherwise (kvlab never writes into a directory of someone else's files).
-    Files left by an earlier kvlab run (names a DiskStore writes) are removed; nothing else is touched."""
+    kvlab's marker; ConfigError otherwise (kvlab never writes into a directory of someone else's files), or
+    if another open TierDir of this process uses it. Files left by an earlier kvlab run (names a DiskStore
+    writes) are removed; nothing else is touched."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.closed = False
+        if self.path.resolve() in _LIVE:
+            raise ConfigError(f"tier_dir {str(self.path)!r} is in use by another engine of this process (close its "
+                              "tiers first: engine.tier_io.close())")
         self.created = not self.path.exists()
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"tier_dir {str(self.path)!r} is not a directory")
@@ -135,6 +142,7 @@ class TierDir:
         self.token = (f"kvlab disk tier directory ({os.getpid()}-{id(self):x}-{time.time_ns()}): kvlab deletes "
                       "only its own *.kvb files\n")
         (self.path / MARKER).write_text(self.token)  # (the marker is kvlab's: its last user's token)
+        _LIVE.add(self.path.resolve())
         for name in names:
             if _OWN.match(name):
                 (self.path / name).unlink(missing_ok=True)
@@ -144,6 +152,7 @@ class TierDir:
         if self.closed:
             return
         self.closed = True
+        _LIVE.discard(self.path.resolve())
         marker = self.path / MARKER
         left = [n for n in os.listdir(self.path) if n != MARKER] if self.path.exists() else ["?"]
         if left or not marker.exists() or marker.read_text() != self.token:  # in use again since: leave it
@@ -288,7 +297,7 @@ class TierIO:
         self.pool, self.stores, self.defer, self.dir = pool, list(stores), defer, tier_dir
         self.counters = [TierIOCounters() for _ in self.stores]
         self._staged: dict[tuple[int, int], torch.Tensor | None] = {}  # (level, slot) -> verified chunk, or bad
-        self._pending: dict[tuple[int, int], list[int]] = {}  # deferred stores: (level, slot) -> device ids
+        self._pending: dict[tuple[int, int], Callable] = {}  # deferred stores: (level, slot) -> its source
         self.stack: object | None = None  # the TierStack it moves for, its tiers and load limit (attach_tiers)
         self.tiers: list = []
         self.max_load_tokens: int | None = None
@@ -313,18 +322,18 @@ class TierIO:
         self._staged[key] = data
         return data is not None
 
-    def store(self, level: int, slot: int, src_level: int, src: Sequence[int], keyed: bool) -> bool:
+    def store(self, level: int, slot: int, src_level: int, src: Sequence[int] | Callable, keyed: bool) -> bool:
         key = (level, slot)
         self._unstage(key)
         self._pending.pop(key, None)
-        if src_level == 0 and keyed and self.defer:
-            self._pending[key] = list(src)
+        if keyed and self.defer:
+            self._pending[key] = src  # resolved after the forward pass (flush): the blocks holding the keys then
             return True
         if src_level and (src_level, src[0]) in self._pending:  # its K/V is not written yet: store it later too
             self._pending[key] = self._pending[(src_level, src[0])]
             return True
         if src_level == 0:
-            return self._write(level, slot, lambda: self.pool.data[self._ids(src)])
+            return self._write_from_pool(level, slot, src() if keyed else src)
         data = self._source(src_level, src[0])
         if data is None:
             return False
@@ -395,8 +404,14 @@ class TierIO:
         return torch.as_tensor(list(ids), dtype=torch.long, device=self.pool.device)
 
     def _flush_one(self, key: tuple[int, int]) -> None:
-        ids = self._pending.pop(key)
-        self._write(key[0], key[1], lambda: self.pool.data[self._ids(ids)])  # failed: check() finds no data
+        self._write_from_pool(key[0], key[1], self._pending.pop(key)())  # failed: check() finds no data there
+
+    def _write_from_pool(self, level: int, slot: int, ids: Sequence[int] | None) -> bool:
+        """Copy pool blocks ``ids`` into ``slot`` (None: the keys left the device before the copy, a failure)."""
+        if ids is None:
+            self.counters[level - 1].write_errors += 1
+            return False
+        return self._write(level, slot, lambda: self.pool.data[self._ids(ids)])
 
     def _source(self, level: int, slot: int) -> torch.Tensor | None:
         """Tier ``level``'s chunk in ``slot`` (staged, or read now), None (counted) if unreadable."""
