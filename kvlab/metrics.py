@@ -84,6 +84,7 @@ UNITS: tuple[str, ...] = (
 
 ALL = DRIVERS
 SERVING = ("simulator", "engine-serving")
+TIERED = ("replay", "simulator")  # drivers that take tiers below the device
 ENGINES = ("engine", "engine-serving")
 TIMED = ("simulator", "engine", "engine-serving")
 
@@ -227,9 +228,14 @@ METRICS: dict[str, Metric] = _table(
     _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block: KV bytes the HBM hits served in place",
        SERVING),
     _m("device_token_hit_rate", "fraction", "Σ hit_tokens_device / Σ prompt tokens: the share served from the "
-       "device itself; plus every tier's hit_share it is token_hit_rate (with tiers)", ("replay",)),
+       "device itself; plus every tier's hit_share it is token_hit_rate (with tiers)", ("replay", "simulator")),
     _m("tiers", "list", "one entry per lower tier, the one below the device first: its configuration and counters "
-       "(the summary.json tiers[] table; with tiers)", ("replay",)),
+       "(the summary.json tiers[] table; with tiers)", ("replay", "simulator")),
+    _m("ttft_load_mean_s", "s", "mean of ttft_load_s over admitted requests (with tiers)", ("simulator",)),
+    _m("tier_stall_s", "s", "Σ tier_stall_s of the time series: step time spent waiting for write-back copies and "
+       "overlapped loads, summed over instances (with tiers)", ("simulator",)),
+    _m("loaded_bytes", "bytes", "Σ load_bytes: KV bytes loaded from the lower tiers at first admissions (with "
+       "tiers; 0 untimed)", ("simulator",)),
     # run statistics
     _m("steps", "count", "model steps executed, fast-forwarded ones included, summed over instances", SERVING),
     _m("iterations", "count", "scheduler iterations (a fast-forwarded run counts once), summed over instances",
@@ -284,9 +290,28 @@ COLUMNS: dict[str, Metric] = _table(
     _m("collisions", "blocks", "key hits refused because the block held other content (verify=True)", ("replay",)),
     _m("instance", "index", "serving instance the router assigned (instances > 1)", ("simulator",)),
     _m("hit_tokens_device", "tokens", "hit tokens found on the device (with tiers; plus every hit_tokens_<tier> it is "
-       "hit_tokens)", ("replay",)),
+       "hit_tokens; serving: at the first admission)", ("replay", "simulator")),
     _m("hit_tokens_<tier>", "tokens", "hit tokens loaded from the lower tier named <tier> (one column per tier, "
-       "e.g. hit_tokens_dram; with tiers)", ("replay",)),
+       "e.g. hit_tokens_dram; with tiers)", ("replay", "simulator")),
+    _m("lower_found_tokens", "tokens", "tokens found below the device at the first admission, loaded or not (with "
+       "tiers)", ("simulator",)),
+    _m("load_decision", "label", "none (nothing found below the device), load (all found loaded), partial (a prefix "
+       "loaded, the rest recomputed) or recompute (none loaded) (with tiers)", ("simulator",)),
+    _m("load_limit", "label", "what kept found tokens from loading: max_load_tokens, prefetch (not staged by the "
+       "slowest tier's prefetch), cost (load_or_recompute: recomputing finishes sooner); empty when all loaded "
+       "(with tiers)", ("simulator",)),
+    _m("load_est_s", "s", "estimated seconds, at admission, until the loadable found tokens are on the device "
+       "(link and medium queues included; timed tiers, else 0)", ("simulator",)),
+    _m("recompute_est_s", "s", "cost-model seconds of computing those tokens instead (timed tiers, else 0)",
+       ("simulator",)),
+    _m("load_bytes", "bytes", "KV bytes loaded from the lower tiers at the first admission (timed tiers, else 0)",
+       ("simulator",)),
+    _m("prefetched_tokens", "tokens", "tokens of the slowest tier that its prefetch had staged in host memory and "
+       "that were loaded (tier_prefetch, else 0)", ("simulator",)),
+    _m("ttft_load_s", "s", "time before the first token spent waiting for tier loads (WAITING_FOR_KV_LOAD, after "
+       "admission) plus the stalls overlapped loads added to its steps (with tiers; 0 untimed)", ("simulator",)),
+    _m("ttft_compute_s", "s", "ttft_s − queue_s − ttft_load_s: time from admission to first token spent in steps "
+       "(with tiers)", ("simulator",)),
     # serving
     _m("admitted_s", "s", "time of the first admission", SERVING),
     _m("first_token_s", "s", "time the first token was sampled", SERVING),
@@ -372,48 +397,56 @@ TIMESERIES: dict[str, Metric] = _table(
     _m("tier_hits_hbm", "blocks", "blocks hit in HBM at the row's admissions", SERVING),
     _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block", SERVING),
     _m("kv_running_bytes", "bytes", "kv_running_blocks × kv_bytes_per_block", SERVING),
+    _m("tier_blocks_<tier>", "blocks", "blocks the lower tier named <tier> holds when the row's first step starts "
+       "(with tiers)", ("simulator",)),
+    _m("tier_stall_s", "s", "time the row's first step waited beyond its compute: write-back copies of its "
+       "evictions, overlapped loads (timed tiers, else 0)", ("simulator",)),
+    _m("link_bytes_<link>", "bytes", "bytes reserved on the link preset named <link> (loads and stores) during the "
+       "row (timed tiers)", ("simulator",)),
+    _m("medium_bytes_<medium>", "bytes", "bytes read from or written to the medium preset named <medium> during "
+       "the row (timed tiers)", ("simulator",)),
 )
 
 #: the fields of each entry of ``summary.json``'s ``tiers`` list (kvlab.tiers.results.tier_summary), one entry per
 #: lower tier: its configuration, then its counters over the run. Blocks are of the run's block size (a chunked
 #: tier counts whole chunks × chunk_blocks); bytes need a model (``model=`` / ``--model``), else they are null.
 TIER_FIELDS: dict[str, Metric] = _table(
-    _m("name", "label", "the tier's name (its requests column is hit_tokens_<name>)", ("replay",)),
+    _m("name", "label", "the tier's name (its requests column is hit_tokens_<name>)", TIERED),
     _m("capacity_blocks", "blocks", "the tier's size (gib=X converted with the model's KV bytes per block, "
-       "rounded down)", ("replay",)),
+       "rounded down)", TIERED),
     _m("capacity_gib", "GiB", "the tier's size in GiB of KV (capacity_blocks x KV bytes per block / 2^30) "
-       "with a model, null without", ("replay",)),
-    _m("policy", "label", "the tier's eviction policy (it sees the tier's stores, loads and touches)", ("replay",)),
+       "with a model, null without", TIERED),
+    _m("policy", "label", "the tier's eviction policy (it sees the tier's stores, loads and touches)", TIERED),
     _m("write", "label", "when a block is stored here: write_through (computed on the device), "
        "write_through_selective (after selective_hits hits) or write_back (its last copy left the tier above)",
-       ("replay",)),
+       TIERED),
     _m("selective_hits", "count", "hits a block needs while on the device before a write_through_selective tier "
-       "stores it; null for the other write policies", ("replay",)),
+       "stores it; null for the other write policies", TIERED),
     _m("inclusion", "label", "none (tiers independent), inclusive (keys resident above are pinned here) or "
-       "exclusive (a key is in one tier at most)", ("replay",)),
-    _m("chunk_blocks", "blocks", "blocks per chunk: the unit this tier stores, finds and evicts", ("replay",)),
+       "exclusive (a key is in one tier at most)", TIERED),
+    _m("chunk_blocks", "blocks", "blocks per chunk: the unit this tier stores, finds and evicts", TIERED),
     _m("touch", "bool", "every block of a request this tier holds is touched at its admission (a hit for the "
-       "tier's policy), device hits included", ("replay",)),
+       "tier's policy), device hits included", TIERED),
     _m("hit_share", "fraction", "Σ hit_tokens_<tier> / Σ prompt tokens: the share of all prompt tokens loaded "
-       "from this tier", ("replay",)),
+       "from this tier", TIERED),
     _m("local_hit_rate", "fraction", "blocks found here / blocks looked up here (past the hits of the tiers "
-       "above, up to each request's hit limit)", ("replay",)),
+       "above, up to each request's hit limit)", TIERED),
     _m("found_hit_tokens", "tokens", "hit tokens found here, loaded or not (past max_load_tokens they are "
-       "recomputed)", ("replay",)),
+       "recomputed)", TIERED),
     _m("loaded_tokens", "tokens", "tokens loaded from this tier into device blocks (Σ hit_tokens_<tier>)",
-       ("replay",)),
-    _m("blocks_stored", "blocks", "blocks written into this tier", ("replay",)),
+       TIERED),
+    _m("blocks_stored", "blocks", "blocks written into this tier", TIERED),
     _m("stores_skipped", "blocks", "stores refused for want of a free or evictable slot (every slot pinned)",
-       ("replay",)),
+       TIERED),
     _m("stores_never_read", "blocks", "stored blocks evicted before any load read them (those still held at "
-       "the end are not counted)", ("replay",)),
-    _m("evictions", "blocks", "blocks this tier's policy evicted to make room for stores", ("replay",)),
+       "the end are not counted)", TIERED),
+    _m("evictions", "blocks", "blocks this tier's policy evicted to make room for stores", TIERED),
     _m("moved_up_blocks", "blocks", "blocks dropped because the device now holds their key (inclusion "
-       "exclusive)", ("replay",)),
-    _m("bytes_written", "bytes", "blocks_stored × kv_bytes_per_block (null without a model)", ("replay",)),
-    _m("bytes_read", "bytes", "loaded blocks × kv_bytes_per_block (null without a model)", ("replay",)),
+       "exclusive)", TIERED),
+    _m("bytes_written", "bytes", "blocks_stored × kv_bytes_per_block (null without a model)", TIERED),
+    _m("bytes_read", "bytes", "loaded blocks × kv_bytes_per_block (null without a model)", TIERED),
     _m("write_amplification", "ratio", "bytes_written / bytes_read: bytes written per byte loaded back (null "
-       "without a model or when nothing was loaded)", ("replay",)),
+       "without a model or when nothing was loaded)", TIERED),
 )
 
 TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "summary.json tiers[]": TIER_FIELDS,

@@ -3,9 +3,10 @@ columns) is defined once in kvlab.metrics (METRICS, COLUMNS, TIMESERIES), with t
 docs/metrics.md shows exactly those tables.
 
 Each driver runs once on a small token workload with every option that adds names (replay ``verify=True``,
-and again with two lower tiers and a model; simulator ``instances=2``; engine ``verify=True`` with adapters and
-decode), so the names it writes must be exactly the table entries that list it, minus :data:`NOT_RUN` (names
-only an option these CPU tests cannot take produces). A written name belongs to a table entry by
+and again with two lower tiers and a model; simulator ``instances=2``, and again with two timed lower tiers;
+engine ``verify=True`` with adapters and decode), so the names it writes must be exactly the table entries
+that list it, minus :data:`NOT_RUN` (names only an option these CPU tests cannot take produces). A written
+name belongs to a table entry by
 :func:`kvlab.metrics.table_name` (``hit_tokens_dram`` to ``hit_tokens_<tier>``); the fields of summary.json's
 ``tiers`` entries are the ``summary.json tiers[]`` table.
 """
@@ -71,6 +72,9 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
                     max_load_tokens=64, tiers=[Tier(name="dram", capacity_blocks=16, write="write_back"),
                                                Tier(name="ssd", capacity_blocks=64, write="write_through_selective")])
     sim = simulate(workload(), capacity_blocks=24, block_size=8, instances=2, router="round_robin")
+    sim_tiered = simulate(workload(), capacity_blocks=8, block_size=8, max_load_tokens=64,
+                          tiers=[Tier(name="dram", capacity_blocks=16, write="write_back", link="pcie5_x16"),
+                                 Tier(name="ssd", capacity_blocks=64, medium="nvme_gen4", link="pcie5_x16")])
     adapters = AdapterSet(model, ("lora-a", "lora-b"), seed=0)
     try:
         eng = Engine(model, num_blocks=16, block_size=8, adapters=adapters, num_threads=1).run(
@@ -88,6 +92,10 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
     out["replay"]["summary.json"] |= set(tiered.summary)
     out["replay"]["requests.parquet"] |= set(tiered.requests.columns)
     out["replay"]["summary.json tiers[]"] = {k for t in tiered.summary["tiers"] for k in t}
+    for file, names in (("summary.json", sim_tiered.summary), ("requests.parquet", sim_tiered.requests.columns),
+                        ("timeseries.parquet", sim_tiered.timeseries.columns)):
+        out["simulator"][file] |= set(names)
+    out["simulator"]["summary.json tiers[]"] = {k for t in sim_tiered.summary["tiers"] for k in t}
     return {driver: {file: {table_name(n, TABLES[file]) or n for n in names} for file, names in files.items()}
             for driver, files in out.items()}
 
@@ -168,7 +176,9 @@ def test_one_concept_one_name_across_drivers(outputs):
         assert columns <= outputs[driver]["requests.parquet"], driver
         if driver != "replay":
             assert {"ttft_s", "tpot_s", "computed_tokens"} <= outputs[driver]["requests.parquet"], driver
-    assert outputs["simulator"]["timeseries.parquet"] - {"instance"} <= outputs["engine-serving"]["timeseries.parquet"]
+    tiers_only = {name for name, m in TIMESERIES.items() if m.drivers == ("simulator",)}  # no tiers in the engine
+    assert outputs["simulator"]["timeseries.parquet"] - {"instance"} - tiers_only <= outputs["engine-serving"][
+        "timeseries.parquet"]
 
 
 def test_docs_table_matches_the_vocabulary():

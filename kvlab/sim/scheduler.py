@@ -16,7 +16,8 @@ its ``num_computed_tokens`` up with its ``num_tokens``):
    ``max_num_seqs`` and free blocks allow: prefix lookup (hits measured here: first admission and
    re-admissions after preemption in separate counters), then slots for the rest of the chunk.
    The first request that does not fit stops admission. A request in ``WAITING_FOR_KV_LOAD`` (a tier
-   load in flight) is passed over and keeps its place.
+   load in flight, or a prefetch it waits for: ``loads``, kvlab.tiers.serving) is passed over and keeps
+   its place; once its load is done it runs in its turn with the blocks it holds.
 3. The executor runs the batch; the clock advances by its duration (simulated) or has already moved.
 4. Every request whose known tokens are all computed samples one token; the first one is its first
    token; a request with ``output_length`` tokens finishes and frees its blocks (tail first).
@@ -187,6 +188,7 @@ class Scheduler:
         fast_forward: bool = True,
         max_fast_forward_steps: int = 1024,
         on_finish: Callable[[Request], None] | None = None,
+        loads: object | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be >= 1")
@@ -199,6 +201,7 @@ class Scheduler:
         self.fast_forward = bool(fast_forward and self.clock.simulated and hasattr(executor, "decode_durations"))
         self.max_fast_forward_steps = max(1, int(max_fast_forward_steps))
         self.on_finish = on_finish
+        self.loads = loads  # tier loads (kvlab.tiers.serving.TierServing): arrived / hold / ready / resumed
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_steps = 0  # model steps executed (fast-forwarded ones included)
@@ -226,6 +229,8 @@ class Scheduler:
             return
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        if self.loads is not None and self.loads.arrived(req, self.clock.now()):
+            req.status = RequestStatus.WAITING_FOR_KV_LOAD  # a prefetch it waits for
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> tuple[list[Entry], dict]:
@@ -270,7 +275,15 @@ class Scheduler:
                     break
                 req = waiting[0]
                 if req.status == RequestStatus.WAITING_FOR_KV_LOAD:
-                    skipped.append(waiting.popleft())
+                    if not self.loads.ready(req, manager.now):  # type: ignore[union-attr]
+                        skipped.append(waiting.popleft())
+                        continue
+                    req.status = RequestStatus.WAITING
+                if req.blocks:  # its load is done: it runs with the blocks it holds
+                    if not self._resume(req, batch, budget):
+                        stop = "blocks"
+                        break
+                    budget -= batch[-1][1]
                     continue
                 hits, hit_tokens = manager.get_computed_blocks(req)
                 n = req.num_tokens - hit_tokens
@@ -280,21 +293,48 @@ class Scheduler:
                     stop = "blocks"
                     break
                 waiting.popleft()
-                req.status = RequestStatus.RUNNING
                 if req.admissions == 1:
                     req.admitted_s = manager.now
                     req.cached_blocks = self.cache.num_cached_blocks
                     req.orphan_blocks = self.cache.num_orphan_blocks
+                admitted += 1
+                hit_blocks += len(hits)
+                if self.loads is not None and self.loads.hold(req, manager.now):  # type: ignore[attr-defined]
+                    req.status = RequestStatus.WAITING_FOR_KV_LOAD
+                    skipped.append(req)
+                    continue
+                req.status = RequestStatus.RUNNING
                 req.in_prefill = True
                 running.append(req)
                 batch.append((req, n, hit_tokens))
                 budget -= n
-                admitted += 1
-                hit_blocks += len(hits)
+            if stop == "blocks" and not running and self.loads is not None:
+                for req in skipped + list(waiting):  # idle: a request whose load is done may not wait behind
+                    if req.blocks and req.status == RequestStatus.WAITING_FOR_KV_LOAD and self.loads.ready(
+                            req, manager.now):  # type: ignore[attr-defined]
+                        (skipped if req in skipped else waiting).remove(req)
+                        waiting.appendleft(req)
+                        if self._resume(req, batch, budget):
+                            break
             if skipped:
                 waiting.extendleft(reversed(skipped))
                 stop = "skipped"
         return batch, {"preempted": preempted, "admitted": admitted, "hit_blocks": hit_blocks, "stop": stop}
+
+    def _resume(self, req: Request, batch: list[Entry], budget: int) -> bool:
+        """Schedule the waiting head ``req``, whose tier load is done (it holds its blocks), for its next chunk (at
+        most what its blocks hold: they were allocated with its admission, so it never waits for more)."""
+        n = min(req.num_tokens - req.num_computed_tokens, budget, max(req.slot_tokens - req.num_computed_tokens, 1))
+        if not self.manager.allocate_slots(req, n):
+            req.status = RequestStatus.WAITING_FOR_KV_LOAD  # still done; retried in its turn
+            return False
+        self.waiting.popleft()
+        req.status = RequestStatus.RUNNING
+        req.in_prefill = True
+        self.running.append(req)
+        batch.append((req, n, req.num_computed_tokens))
+        self.loads.resumed(req, self.manager.now)  # type: ignore[union-attr]
+        return True
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks, back to the front of the waiting queue."""
@@ -335,6 +375,8 @@ class Scheduler:
         batch, info = self.schedule()
         if not batch:
             return False
+        if self.loads is not None:  # a load completing changes the batch: no fast forward past it
+            next_arrival = min(next_arrival, self.loads.next_ready(self.clock.now()))  # type: ignore[attr-defined]
         cache = self.cache
         kv = (cache.num_running_blocks, cache.num_cached_blocks, cache.num_evictable_blocks)  # during the step
         clock = self.clock
@@ -429,10 +471,14 @@ class Scheduler:
                     break
                 clock.wait_until(next_arrival)
                 continue
+            preemptions = self.preemptions
             if not self.step(next_arrival):
-                if i == n:
+                if self.preemptions != preemptions:  # a request preempted itself (tier loads hold blocks): again
+                    continue
+                wake = min(next_arrival, self.loads.next_ready(now)) if self.loads is not None else next_arrival
+                if wake == math.inf:
                     raise RuntimeError("scheduler stalled: waiting requests can never be scheduled")
-                clock.wait_until(next_arrival)
+                clock.wait_until(wake)
 
     def timeseries(self) -> pd.DataFrame:
         """One row per step (``num_steps`` > 1: a fast-forwarded run of identical decode steps).

@@ -55,6 +55,7 @@ from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's publ
     serving_demand_blocks,
     trace_requests,
 )
+from kvlab.tiers.spec import TIMING_FIELDS, Tier, check_tiers
 from kvlab.workload.workload import Workload
 
 
@@ -100,14 +101,45 @@ class SimConfig(Schema):
     instances: Annotated[int, Field(ge=1, le=4096)] = 1
     router: Literal["prefix", "round_robin"] = "prefix"
     seed: Seed = 0
+    # tiers below the device (docs/tiers.md, "Timing in the simulator"); a tier naming a link or medium is timed
+    tiers: list[Tier] = Field(default_factory=list)
+    max_load_tokens: Annotated[int, Field(ge=0)] | None = None  # tokens per request loaded from the lower tiers
+    load_or_recompute: bool = False  # load a lower-tier hit only if that beats recomputing it (timed tiers)
+    tier_overlap: bool = False  # loads pipelined layer by layer with the step's compute (timed tiers)
+    tier_prefetch: Literal["off", "best_effort", "wait_complete", "timeout"] = "off"  # from the slowest tier
+    prefetch_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 1.0  # tier_prefetch="timeout": longest wait
+    kv_layout: Literal["layer", "block"] = "layer"  # transfer operations per layer (vLLM) or per chunk
 
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
+    _tiers_unique = field_validator("tiers")(check_tiers)
+
+    #: fields added after run identities were first written: left out of ``to_dict`` at their defaults, so a
+    #: run without tiers keeps its run id
+    _LATER = {"tiers": [], "max_load_tokens": None, "load_or_recompute": False, "tier_overlap": False,
+              "tier_prefetch": "off", "prefetch_timeout_s": 1.0, "kv_layout": "layer"}
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        for name, default in self._LATER.items():
+            if out.get(name) == default:
+                del out[name]
+        return out
 
     @model_validator(mode="after")
     def _rate_or_time_scale(self) -> SimConfig:
         if self.rate is not None and self.time_scale != 1.0:
             raise ValueError("give either rate (--rate) or time_scale (--time-scale), not both")
+        timed = any(getattr(t, f) is not None for t in self.tiers for f in TIMING_FIELDS)
+        for name in ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "kv_layout"):
+            if getattr(self, name) != self._LATER[name] and not self.tiers:
+                raise ValueError(f"{name} applies to the tiers below the device: give tiers too")
+            if name != "max_load_tokens" and getattr(self, name) != self._LATER[name] and not timed:
+                raise ValueError(f"{name} needs timed tiers (a tier naming a link=, kvlab.tiers.timing)")
+        if timed:
+            missing = [t.name for t in self.tiers if t.link is None]
+            if missing:
+                raise ValueError(f"tier {missing[0]!r}: link (link=) is needed when tiers are timed")
         return self
 
     def validate(self) -> None:
@@ -203,7 +235,9 @@ def simulate(
     bs = config.block_size or workload.default_block_size
     params = config.policy_params  # as given: the policy fills in its defaults itself
     # every default that changes numbers filled in (the run's identity); the capacity stays as given
-    config = config.replace(block_size=bs, policy_params=resolved_policy_params(config.policy, params))
+    block_bytes = bs * model_p.kv_bytes_per_token
+    config = config.replace(block_size=bs, policy_params=resolved_policy_params(config.policy, params),
+                            tiers=[t.resolve(block_bytes) for t in config.tiers])
     cost = CostModel(model_p, hw, tensor_parallel=config.tensor_parallel)
     capacity = config.capacity_blocks or kv_pool_blocks(
         model_p, hw, bs, gpu_memory_utilization=config.gpu_memory_utilization, tensor_parallel=config.tensor_parallel,
@@ -216,6 +250,12 @@ def simulate(
     route = route_requests(tr.keys, tr.offsets, tr.prompt_full.tolist(), config.instances, config.router)
     bar = tqdm(total=n, disable=not progress, desc=f"simulate {config.policy}", unit="req", mininterval=0.5)
     schedulers: list[Scheduler] = []
+    servings: list = []
+    records = None
+    if config.tiers:
+        from kvlab.tiers.serving import TierRecords
+
+        records = TierRecords(n)
     t0 = time.perf_counter()
     try:
         for inst in range(config.instances):
@@ -224,11 +264,16 @@ def simulate(
             for seq, req in enumerate(reqs):
                 req.ctx.seq = seq  # the request's index in its instance's (FCFS) order
             manager = make_manager(reqs, tr, policy=config.policy, policy_params=params, capacity_blocks=pool,
-                                   block_size=bs, cache_at=config.cache_at)
+                                   block_size=bs, cache_at=config.cache_at, tiers=config.tiers,
+                                   max_load_tokens=config.max_load_tokens)
+            clock, executor, loads = SimClock(), CostModelExecutor(cost), None
+            if config.tiers:
+                executor, loads = _tiered(manager, executor, clock, config, cost, records, model_p.num_layers)
+                servings.append(loads)
             scheduler = Scheduler(
-                manager, CostModelExecutor(cost), SimClock(), max_num_seqs=config.max_num_seqs,
+                manager, executor, clock, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens, fast_forward=config.fast_forward,
-                on_finish=(lambda _req: bar.update()) if progress else None,
+                on_finish=(lambda _req: bar.update()) if progress else None, loads=loads,
             )
             scheduler.run(reqs)
             schedulers.append(scheduler)
@@ -239,7 +284,27 @@ def simulate(
     frame, timeseries, summary, trace = serving_results(
         workload, tr, schedulers, cost=cost, capacity_blocks=capacity, block_size=bs, model=model_p, config=config,
         seconds=sim_s, route=route if config.instances > 1 else None)
+    if config.tiers:
+        from kvlab.tiers.serving import tier_results
+
+        tier_results(frame, timeseries, summary, tr.requests, servings, records, config.tiers, bs, block_bytes)
     return SimResult(frame, timeseries, summary, config, trace, model_p, hw)
+
+
+def _tiered(manager, executor: CostModelExecutor, clock: SimClock, config: SimConfig, cost: CostModel,  # noqa: ANN001
+            records, layers: int) -> tuple:  # noqa: ANN001
+    """One instance's tier serving (kvlab.tiers.serving): the executor that times its steps and the loads."""
+    from kvlab.tiers.serving import TieredExecutor, TierServing
+    from kvlab.tiers.timing import TierTiming
+
+    timed = any(getattr(t, f) is not None for t in config.tiers for f in TIMING_FIELDS)
+    block_bytes = manager.block_size * cost.model.kv_bytes_per_token
+    timing = TierTiming(config.tiers, block_bytes, layers, config.kv_layout) if timed else None
+    serving = TierServing(manager.cache.tiers, timing, cost, records, overlap=config.tier_overlap,
+                          load_or_recompute=config.load_or_recompute, prefetch=config.tier_prefetch,
+                          prefetch_timeout_s=config.prefetch_timeout_s)
+    manager.serving = serving
+    return TieredExecutor(executor, serving, clock), serving
 
 
 def _requests_frame(workload: Workload, requests: list[Request], arrival: np.ndarray, prompt: np.ndarray,

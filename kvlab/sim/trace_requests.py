@@ -203,10 +203,21 @@ def serving_demand_blocks(workload: Workload, block_size: int) -> int:
 
 
 def make_manager(requests: list[Request], trace: TraceRequests, *, policy: str, policy_params: dict | None,
-                 capacity_blocks: int, block_size: int, cache_at: str) -> KVCacheManager:
+                 capacity_blocks: int, block_size: int, cache_at: str, tiers: list | None = None,
+                 max_load_tokens: int | None = None) -> KVCacheManager:
     """A cold KV manager over ``capacity_blocks`` blocks of ``block_size`` tokens with a fresh ``policy`` for
-    ``requests`` (one instance's, in FCFS order); an offline policy is prepared with their known keys."""
+    ``requests`` (one instance's, in FCFS order); an offline policy is prepared with their known keys. With
+    ``tiers`` (resolved to blocks) a :class:`~kvlab.tiers.TierStack` is attached to its cache and the manager
+    is a :class:`~kvlab.tiers.serving.TieredKVManager` (its ``serving`` is the caller's to set)."""
     pol = make_policy(policy, **(policy_params or {}))
     if type(pol).prepare is not EvictionPolicy.prepare:  # offline policies read the future
         pol.prepare(_future(requests, block_size, trace.num_keys, trace.hash_label))
-    return KVCacheManager(PrefixCache(capacity_blocks, pol, block_size=block_size), cache_at=cache_at)
+    cache = PrefixCache(capacity_blocks, pol, block_size=block_size)
+    if not tiers:
+        return KVCacheManager(cache, cache_at=cache_at)
+    from kvlab.tiers import TierStack
+    from kvlab.tiers.serving import TieredKVManager
+
+    demand = sum(-(-(r.prompt_tokens + r.output_length) // block_size) for r in requests) + 1
+    TierStack(cache, tiers, max_load_tokens=max_load_tokens, demand_blocks=demand)
+    return TieredKVManager(cache, cache_at=cache_at)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from kvlab.errors import ConfigError
 from kvlab.schema import (
@@ -33,7 +33,10 @@ RESERVED = {"device", "total", "ideal"}
 #: Tier field -> its key in the ``--tier`` spelling (error messages name both)
 SPEC_KEYS = {"name": "NAME", "capacity_blocks": "blocks", "capacity_gib": "gib", "policy": "policy",
              "policy_params": "policy parameters", "write": "write", "selective_hits": "selective",
-             "inclusion": "inclusion", "chunk_blocks": "chunk", "touch": "touch"}
+             "inclusion": "inclusion", "chunk_blocks": "chunk", "touch": "touch", "medium": "medium", "link": "link"}
+#: timing fields (kvlab.tiers.timing): left out of a tier's serialized form when unset, so a run without them
+#: keeps its run id
+TIMING_FIELDS = ("medium", "link")
 
 
 class TierFieldError(ConfigError):
@@ -61,6 +64,9 @@ class Tier(Schema):
       recent for recency policies), device hits included, as vLLM's offloading manager does.
     * ``max_load_tokens``: at most this many tokens of a request are loaded from the lower tiers (vLLM's
       per-request limit); hits past it are found but recomputed.
+    * ``medium`` / ``link`` (serving simulator only; names of :mod:`kvlab.tiers.timing` presets): where the
+      tier's data rests (its read/write bandwidth and per-operation latency, e.g. ``nvme_gen4``) and the link
+      between it and the device (``pcie5_x16``); loads and stores then take time. Unset: untimed.
     """
 
     name: TierName
@@ -73,6 +79,8 @@ class Tier(Schema):
     inclusion: Inclusion = "none"
     chunk_blocks: Annotated[int, Field(ge=1, le=1 << 16)] = 1
     touch: bool = True
+    medium: str | None = None
+    link: str | None = None
 
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
@@ -91,6 +99,23 @@ class Tier(Schema):
             if loc[0] == "name" and err.get("type") == "string_pattern_mismatch":
                 detail = f"must start with a letter and hold only letters, digits and _, got {err['input']!r}"
             raise TierFieldError(data.get("name"), loc[0], detail) from None
+
+    @field_validator("medium", "link")
+    @classmethod
+    def _preset_known(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kvlab.tiers.timing import check_preset
+
+            check_preset(value)
+        return value
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_timing(self, handler):  # noqa: ANN001, ANN202 - pydantic's serializer protocol
+        out = handler(self)
+        for name in TIMING_FIELDS:
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> Tier:
@@ -136,17 +161,19 @@ class Tier(Schema):
         parts += [f"inclusion={self.inclusion}", f"chunk={self.chunk_blocks}"]
         if not self.touch:
             parts.append("touch=off")
+        parts += [f"{k}={getattr(self, k)}" for k in TIMING_FIELDS if getattr(self, k) is not None]
         parts += [f"{k}={v}" for k, v in sorted(self.policy_params.items())]
         return ":".join(parts)
 
 
-_KEYS = ("blocks", "gib", "policy", "write", "selective", "inclusion", "chunk", "touch")
+_KEYS = ("blocks", "gib", "policy", "write", "selective", "inclusion", "chunk", "touch", "medium", "link")
 
 
 def parse_tier(text: str, flag: str = "--tier") -> Tier:
     """A :class:`Tier` from ``NAME:blocks=N[:policy=P][:write=write_through|write_back|selective=K]
-    [:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off]`` (``gib=X`` instead of ``blocks=N``
-    with a model); other ``key=value`` pairs are the tier policy's parameters. ConfigError naming ``flag``."""
+    [:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off][:medium=M][:link=L]`` (``gib=X`` instead
+    of ``blocks=N`` with a model; ``medium`` / ``link``: timing presets, kvlab.tiers.timing); other
+    ``key=value`` pairs are the tier policy's parameters. ConfigError naming ``flag``."""
     name, _, rest = text.partition(":")
     fields: dict[str, object] = {"name": name}
     params: dict[str, object] = {}
@@ -174,6 +201,8 @@ def parse_tier(text: str, flag: str = "--tier") -> Tier:
             if value not in ("on", "off", "true", "false"):
                 raise ConfigError(f"{flag} {text!r}: touch must be on or off, got {value!r}")
             fields["touch"] = value in ("on", "true")
+        elif key in TIMING_FIELDS:
+            fields[key] = value
         else:
             params[key] = _number(value, float, text, key, flag, strict=False)
     if params:
