@@ -1,0 +1,333 @@
+"""Tokenizers for text workloads: any Hugging Face tokenizer (offline), kvlab's own BPE, or bytes.
+
+:func:`load_tokenizer` returns a :class:`TextTokenizer`: token ids with character offsets (for segment
+spans), a chat template (the model's own, else kvlab's plain ``USER:`` / ``ASSISTANT:`` layout) and the
+hashes of both, which belong to a run's identity. Specs:
+
+* ``"kvlab-bpe"`` (the default): a byte-level BPE (16,384 tokens, ChatML template) that kvlab trains with
+  the ``tokenizers`` library on the shared text (``../shared/traces/text``) and caches under
+  :func:`tokenizer_cache_dir`, keyed by the sha256 of the training text and settings; training is
+  deterministic (same text, same vocabulary). No registry package ships a real model vocabulary that
+  kvlab could depend on (``tiktoken`` downloads its files; ``mistral-common`` ships Mistral's, but pins
+  ``numpy<2.4`` on Python <= 3.12; docs/layout.md has the survey).
+* ``"byte"``: UTF-8 bytes (:class:`~kvlab.workload.text.ByteTokenizer`), for tests.
+* anything else: a Hugging Face tokenizer name or local folder, loaded with ``local_files_only=True``
+  (a local folder, or a name already in the Hugging Face cache; nothing is downloaded).
+
+Chat templates that inject today's date (Llama-3.1-style ``date_string`` / ``strftime_now``) are given a
+fixed ``date_string`` (:data:`DEFAULT_DATE_STRING`, or the one passed), so a rendering never depends on
+the day it runs; pass another date to study what the injection costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import ConfigError
+from kvlab.workload._common import atomic_open, one_line
+from kvlab.workload.text import ASSISTANT_PREFIX, USER_PREFIX, ByteTokenizer
+
+DEFAULT_TOKENIZER = "kvlab-bpe"
+DEFAULT_DATE_STRING = "26 Jul 2024"  # Llama-3.1's template default; fixed so renderings are reproducible
+BPE_VOCAB_SIZE = 16384  # tokens
+BPE_MIN_FREQUENCY = 2
+BPE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The kvlab BPE's chat template (ChatML, as Qwen's models use): special tokens around every message."""
+TOOL_PREFIX = "\nTOOL: "
+PLAIN_TEMPLATE = "kvlab-plain-v1: system text, then '\\nUSER: ' / '\\nASSISTANT: ' / '\\nTOOL: ' + content"
+"""Identity of the plain layout used for tokenizers without a chat template (kvlab.workload.text's)."""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def plain_chat(messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    """kvlab's plain layout (as :mod:`kvlab.workload.text`): system text, then ``USER:`` / ``ASSISTANT:`` lines."""
+    out = []
+    for k, m in enumerate(messages):
+        role, content = m["role"], m["content"]
+        if role == "system":
+            out.append(content)
+        elif role == "user":
+            out.append((USER_PREFIX if k else USER_PREFIX.lstrip("\n")) + content)
+        elif role == "assistant":
+            out.append(ASSISTANT_PREFIX + " " + content)
+        elif role == "tool":
+            out.append((TOOL_PREFIX if k else TOOL_PREFIX.lstrip("\n")) + content)
+        else:
+            raise ConfigError(f"message {k}: role {role!r} is not system, user, assistant or tool")
+    if add_generation_prompt:
+        out.append(ASSISTANT_PREFIX)
+    return "".join(out)
+
+
+class TextTokenizer:
+    """A tokenizer as text workloads need it: ids with character offsets, a chat template, hashes.
+
+    ``encode(text, add_special_tokens=True)`` keeps the interface every kvlab text loader accepts.
+    """
+
+    name: str
+    chat_template: str | None = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``."""
+        return self.encode_offsets(text, add_special_tokens=add_special_tokens)[0]
+
+    def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and each token's character span ``(start, end)`` in ``text`` (special tokens: ``(0, 0)``)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids."""
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def injects_date(self) -> bool:
+        """Whether the chat template writes a date into the prompt (Llama-3.1-style ``date_string``)."""
+        t = self.chat_template or ""
+        return "date_string" in t or "strftime_now" in t
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        date_string: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Prompt text of ``messages`` (``[{role, content}]``): the model's template, else :func:`plain_chat`.
+
+        ``date_string`` (default :data:`DEFAULT_DATE_STRING`) fills date-injecting templates.
+        """
+        return plain_chat(messages, add_generation_prompt=add_generation_prompt)
+
+    @property
+    def special_tokens_in_template(self) -> bool:
+        """True when the template writes the special tokens (BOS...) itself: encode its text without adding them."""
+        return self.chat_template is not None
+
+    @cached_property
+    def sha256(self) -> str:
+        """sha256 of the tokenizer's full definition (vocabulary, merges, normaliser, special tokens)."""
+        raise NotImplementedError
+
+    @property
+    def template_sha256(self) -> str:
+        """sha256 of the chat template in use (the plain layout's identity when there is none)."""
+        return _sha256(self.chat_template if self.chat_template is not None else PLAIN_TEMPLATE)
+
+    def identity(self) -> dict:
+        """The tokenizer's part of a run's identity."""
+        return {
+            "tokenizer": self.name,
+            "tokenizer_sha256": self.sha256,
+            "template_sha256": self.template_sha256,
+            "vocab_size": self.vocab_size,
+        }
+
+
+class ByteTextTokenizer(TextTokenizer):
+    """UTF-8 bytes as token ids (:class:`~kvlab.workload.text.ByteTokenizer`) with offsets; no chat template."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.bytes = ByteTokenizer(offset)
+        self.name = "byte" if offset == 0 else f"byte+{offset}"
+
+    def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+        ids = self.bytes.encode(text)
+        offsets = [(k, k + 1) for k, ch in enumerate(text) for _ in range(len(ch.encode("utf-8", "surrogatepass")))]
+        return ids, offsets
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.bytes.decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.bytes.vocab_size
+
+    @cached_property
+    def sha256(self) -> str:
+        return _sha256(f"kvlab-byte-tokenizer offset={self.bytes.offset}")
+
+
+class HFTokenizer(TextTokenizer):
+    """A Hugging Face fast tokenizer (``PreTrainedTokenizerFast``: offsets need the Rust backend)."""
+
+    def __init__(self, hf: Any, name: str) -> None:
+        if getattr(hf, "backend_tokenizer", None) is None:
+            raise ConfigError(f"tokenizer {name!r} is not a fast tokenizer (no tokenizer.json): offsets need one")
+        self.hf = hf
+        self.name = name
+        template = hf.chat_template
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default")
+        self.chat_template = template
+
+    def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.hf(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        date_string: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        if self.chat_template is None:
+            return plain_chat(messages, add_generation_prompt=add_generation_prompt)
+        return self.hf.apply_chat_template(
+            [dict(m) for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            date_string=DEFAULT_DATE_STRING if date_string is None else date_string,
+            **template_kwargs,
+        )
+
+    @cached_property
+    def sha256(self) -> str:
+        return _sha256(self.hf.backend_tokenizer.to_str())
+
+
+# ------------------------------------------------------------------------------------------ kvlab BPE
+def tokenizer_cache_dir(cache: str | os.PathLike | None = None) -> Path:
+    """Where trained tokenizers live: ``cache``, else ``$KVLAB_TOKENIZER_CACHE``, else ``~/.cache/kvlab/tokenizers``."""
+    if cache is not None:
+        return Path(cache)
+    env = os.environ.get("KVLAB_TOKENIZER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kvlab" / "tokenizers"
+
+
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError("kvlab's BPE tokenizer needs the 'tokenizers' package: pip install 'kvlab[engine]'") from None
+    return tokenizers
+
+
+def train_bpe(texts: Iterable[str], *, vocab_size: int = BPE_VOCAB_SIZE, min_frequency: int = BPE_MIN_FREQUENCY) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` (GPT-2 pre-tokeniser, untrimmed offsets)."""
+    tk = _tokenizers()
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    tok = tk.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(BPE_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def _training_key(texts: list[str], vocab_size: int, min_frequency: int) -> str:
+    """sha256 over the training text and every setting that changes the vocabulary."""
+    h = hashlib.sha256()
+    settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "special": BPE_SPECIAL_TOKENS,
+                "tokenizers": _tokenizers().__version__, "recipe": "byte-level-bpe-v1"}
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for t in texts:
+        h.update(b"\x1e")
+        h.update(t.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _wrap(tok: Any, name: str) -> HFTokenizer:
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        raise ConfigError("text tokenizers need the 'transformers' package: pip install 'kvlab[engine]'") from None
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    hf.chat_template = CHATML_TEMPLATE
+    return HFTokenizer(hf, name)
+
+
+def kvlab_bpe(
+    text_dir: str | os.PathLike | None = None,
+    *,
+    vocab_size: int = BPE_VOCAB_SIZE,
+    min_frequency: int = BPE_MIN_FREQUENCY,
+    cache_dir: str | os.PathLike | None = None,
+) -> HFTokenizer:
+    """kvlab's BPE: trained on the shared text folder (default ``../shared/traces/text``), cached by content.
+
+    The training text is every text of :func:`~kvlab.workload.sources.shared_corpus` in a fixed order;
+    the cache file ``kvlab-bpe-<key>.json`` is named by :func:`_training_key` and written atomically.
+    """
+    from kvlab.workload.sources import corpus_texts, shared_corpus
+
+    corpus = shared_corpus(text_dir)
+    texts = [t for name in sorted(corpus) for t in corpus_texts(corpus[name])]
+    key = _training_key(texts, vocab_size, min_frequency)
+    folder = tokenizer_cache_dir(cache_dir)
+    path = folder / f"kvlab-bpe-{key[:24]}.json"
+    tk = _tokenizers()
+    if path.is_file():
+        tok = tk.Tokenizer.from_file(str(path))
+    else:
+        tok = train_bpe(texts, vocab_size=vocab_size, min_frequency=min_frequency)
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path, "w", encoding="utf-8") as f:
+            f.write(tok.to_str())
+    return _wrap(tok, f"kvlab-bpe-{vocab_size}")
+
+
+# ------------------------------------------------------------------------------------------ one entry point
+def load_tokenizer(
+    spec: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    text_dir: str | os.PathLike | None = None,
+) -> TextTokenizer:
+    """A :class:`TextTokenizer` by spec: ``None``/``"kvlab-bpe"``, ``"byte"``, or a Hugging Face name or folder.
+
+    Hugging Face tokenizers load offline (``local_files_only=True``): a folder with ``tokenizer.json``, or
+    a name already in the Hugging Face cache. ``cache_dir`` and ``text_dir`` apply to kvlab's BPE only.
+    """
+    if spec is None or spec == DEFAULT_TOKENIZER:
+        return kvlab_bpe(text_dir, cache_dir=cache_dir)
+    if spec == "byte":
+        return ByteTextTokenizer()
+    name = os.fspath(spec)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(f"tokenizer {name!r} needs the 'transformers' package: pip install 'kvlab[engine]'") from None
+    try:
+        hf = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as e:  # OSError, ValueError, EnvironmentError... all mean "not available here"
+        why = one_line(str(e), 200) or type(e).__name__
+        raise ConfigError(
+            f"tokenizer {name!r}: not a local folder nor in the Hugging Face cache (offline, nothing downloaded): {why}"
+        ) from None
+    return HFTokenizer(hf, name)

@@ -1,0 +1,268 @@
+"""Tokenizers for text workloads: kvlab's BPE (trained on the shared text, cached, deterministic), Hugging Face
+tokenizers from a local folder (offline) with a date-injecting chat template, the byte tokenizer."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from kvlab.errors import ConfigError  # noqa: E402
+from kvlab.workload import load_jsonl, save_jsonl  # noqa: E402
+from kvlab.workload import tokenizer as tk  # noqa: E402
+from kvlab.workload.render import Message, Part, render_prompt, rendered_workload  # noqa: E402
+from kvlab.workload.segments import first_miss_segment, hit_tokens_by_segment  # noqa: E402
+from kvlab.workload.sources import musique_records  # noqa: E402
+from kvlab.workload.tokenizer import (  # noqa: E402
+    BPE_VOCAB_SIZE,
+    CHATML_TEMPLATE,
+    DEFAULT_DATE_STRING,
+    ByteTextTokenizer,
+    HFTokenizer,
+    load_tokenizer,
+)
+
+LLAMA31_LIKE_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}"
+    "{%- endif %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\n' }}"
+    "{{- 'Today Date: ' + date_string + '\\n\\n' }}"
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+"""The shape of Llama-3.1/3.2's template: today's date in the system turn unless ``date_string`` is given,
+contents trimmed."""
+
+
+@pytest.fixture(scope="session")
+def text_dir(shared_file):
+    return shared_file("text")
+
+
+@pytest.fixture(scope="session")
+def bpe_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tokenizers")
+
+
+@pytest.fixture(scope="session")
+def bpe(text_dir, bpe_cache) -> HFTokenizer:
+    """kvlab's default tokenizer, trained once per session into a private cache."""
+    return load_tokenizer(cache_dir=bpe_cache, text_dir=text_dir)
+
+
+@pytest.fixture(scope="session")
+def llama_like(bpe, tmp_path_factory) -> HFTokenizer:
+    """A Hugging Face tokenizer folder (the BPE plus Llama-3 special tokens and a Llama-3.1-style template),
+    loaded back through AutoTokenizer offline like any downloaded model's tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=bpe.hf.backend_tokenizer, bos_token="<|begin_of_text|>",
+                                 eos_token="<|eot_id|>")
+    hf.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+    hf.chat_template = LLAMA31_LIKE_TEMPLATE
+    folder = tmp_path_factory.mktemp("llama-like")
+    hf.save_pretrained(folder)
+    return load_tokenizer(folder)
+
+
+# ------------------------------------------------------------------------------------------ kvlab BPE
+def test_bpe_is_the_default_and_is_cached(bpe, bpe_cache, text_dir, monkeypatch):
+    assert bpe.name == f"kvlab-bpe-{BPE_VOCAB_SIZE}" and bpe.vocab_size == BPE_VOCAB_SIZE
+    files = sorted(os.listdir(bpe_cache))
+    assert len(files) == 1 and files[0].startswith("kvlab-bpe-") and files[0].endswith(".json")  # no temp files
+
+    def no_training(*a, **k):
+        raise AssertionError("trained again instead of reading the cache")
+
+    monkeypatch.setattr(tk, "train_bpe", no_training)
+    again = load_tokenizer("kvlab-bpe", cache_dir=bpe_cache, text_dir=text_dir)
+    assert again.sha256 == bpe.sha256 and again.template_sha256 == bpe.template_sha256
+    assert bpe.chat_template == CHATML_TEMPLATE and not bpe.injects_date
+
+
+def test_bpe_training_is_deterministic_across_processes(bpe, bpe_cache, text_dir, tmp_path):
+    """A fresh process (its own hash seeds and thread pool) trains the same vocabulary, byte for byte."""
+    code = textwrap.dedent(f"""
+        from kvlab.workload.tokenizer import load_tokenizer
+        print(load_tokenizer(cache_dir={str(tmp_path)!r}, text_dir={str(text_dir)!r}).sha256)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.strip() == bpe.sha256
+    (mine,) = bpe_cache.iterdir()
+    assert (tmp_path / mine.name).read_bytes() == mine.read_bytes()
+
+
+def test_training_key_covers_text_and_settings():
+    key = tk._training_key(["a b", "c"], 100, 2)
+    assert key == tk._training_key(["a b", "c"], 100, 2)
+    assert len({key, tk._training_key(["a b", "c "], 100, 2), tk._training_key(["a", "b", "c"], 100, 2),
+                tk._training_key(["a b", "c"], 200, 2), tk._training_key(["a b", "c"], 100, 3)}) == 5
+
+
+def test_bpe_encodes_real_text(bpe, text_dir):
+    text = (text_dir / "mt_bench" / "question.jsonl").read_text().splitlines()[0]
+    ids, offsets = bpe.encode_offsets(text)
+    assert bpe.decode(ids) == text and ids == bpe.encode(text)
+    assert len(ids) < len(text.encode()) / 3  # a real vocabulary: several bytes per token
+    assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
+    assert all(a <= b for a, b in offsets) and all(offsets[k][1] <= offsets[k + 1][0] for k in range(len(ids) - 1))
+
+
+def test_chatml_rendering(bpe):
+    text = bpe.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = bpe.encode(text, add_special_tokens=False)
+    assert ids.count(bpe.hf.convert_tokens_to_ids("<|im_start|>")) == 3  # special tokens are single tokens
+
+
+# ------------------------------------------------------------------------------------------ Hugging Face
+def test_hf_folder_offline_with_date_injecting_template(llama_like, bpe):
+    assert llama_like.injects_date and llama_like.template_sha256 != bpe.template_sha256
+    assert llama_like.sha256 != bpe.sha256  # added special tokens change the definition
+    msgs = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Why?"}]
+    fixed = llama_like.apply_chat_template(msgs)
+    assert f"Today Date: {DEFAULT_DATE_STRING}\n" in fixed and fixed.startswith("<|begin_of_text|>")
+    assert fixed == llama_like.apply_chat_template(msgs)  # not today's date: the same every day
+    other = llama_like.apply_chat_template(msgs, date_string="02 Dec 2026")
+    assert "Today Date: 02 Dec 2026\n" in other and other != fixed
+    ids = llama_like.encode(fixed, add_special_tokens=False)
+    assert ids[0] == llama_like.hf.convert_tokens_to_ids("<|begin_of_text|>")
+
+
+def test_unknown_hf_name_is_one_config_error_line():
+    with pytest.raises(ConfigError, match="not a local folder nor in the Hugging Face cache") as e:
+        load_tokenizer("kvlab-test/no-such-tokenizer")
+    assert "\n" not in str(e.value)
+
+
+def test_missing_shared_text_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="shared text folder is missing"):
+        load_tokenizer(cache_dir=tmp_path, text_dir=tmp_path / "nowhere")
+
+
+# ------------------------------------------------------------------------------------------ bytes
+def test_byte_tokenizer_offsets_are_characters():
+    t = load_tokenizer("byte")
+    assert isinstance(t, ByteTextTokenizer)
+    ids, offsets = t.encode_offsets("aé€")
+    assert ids == list("aé€".encode()) and offsets == [(0, 1), (1, 2), (1, 2), (2, 3), (2, 3), (2, 3)]
+    assert t.chat_template is None and not t.injects_date and not t.special_tokens_in_template
+    assert t.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]) == (
+        "S\nUSER: Q\nASSISTANT:"
+    )
+    ident = t.identity()
+    assert set(ident) == {"tokenizer", "tokenizer_sha256", "template_sha256", "vocab_size"}
+    assert ident["tokenizer_sha256"] != ByteTextTokenizer(offset=3).sha256
+
+
+# ------------------------------------------------------------------------------------------ rendering
+def _rag_messages(record) -> list[Message]:
+    docs = tuple(Part("document", f"{d.title}\n{d.text.strip()}\n\n") for d in record.documents[:4])
+    return [
+        Message("system", (Part("system", "Answer the question from the passages.\n"),
+                           Part("volatile", "Request 7f3a at 2026-12-02 03:30:00\n"))),
+        Message("user", (*docs, Part("user", record.user_turns[0]))),
+    ]
+
+
+@pytest.fixture(scope="session")
+def musique(text_dir):
+    return musique_records(text_dir / "cacheblend" / "musique_s.json", limit=5)
+
+
+@pytest.mark.parametrize("cover", [True, False])
+def test_render_real_rag_prompt_with_bpe(bpe, musique, cover):
+    for record in musique:
+        msgs = _rag_messages(record)
+        r = render_prompt(bpe, msgs, cover=cover)
+        assert r.ids == bpe.encode(r.text, add_special_tokens=False)  # the whole prompt, tokenised once
+        assert [s.kind for s in r.segments] == ["system", "volatile"] + ["document"] * 4 + ["user"]
+        assert all(a.end <= b.start for a, b in zip(r.segments, r.segments[1:], strict=False))
+        if cover:  # spans tile the prompt: template tokens go to the part after them
+            assert r.segments[0].start == 0 and r.segments[-1].end == len(r.ids)
+            assert all(a.end == b.start for a, b in zip(r.segments, r.segments[1:], strict=False))
+        for s in r.segments:
+            decoded = bpe.decode(r.ids[s.start : s.end])
+            assert (s.text in decoded) if cover else (decoded == s.text)
+        assert r.dropped == []
+
+
+def test_render_attributes_a_straddling_token_to_the_part_it_starts_in(bpe):
+    msgs = [Message("user", (Part("user", "Hello wor"), Part("volatile", "ld peace")))]
+    r = render_prompt(bpe, msgs, cover=False)
+    a, b = r.segments
+    assert bpe.decode(r.ids[a.start : a.end]) == "Hello world" and bpe.decode(r.ids[b.start : b.end]) == " peace"
+    pieces = bpe.encode("Hello wor", add_special_tokens=False) + bpe.encode("ld peace", add_special_tokens=False)
+    assert pieces != r.ids[a.start : b.end]  # BPE is not compositional: ids of pieces are not the prompt's
+
+
+def test_date_injection_moves_the_first_miss_into_the_system_segment(llama_like):
+    msgs = [Message("system", (Part("system", "You answer questions about the documents.  \n"),)),
+            Message("user", (Part("document", "Hannibal crossed the Alps in 218 BC.\n"), Part("user", "When?")))]
+    day1 = render_prompt(llama_like, msgs)
+    day2 = render_prompt(llama_like, msgs, date_string="02 Dec 2026")
+    assert day1.text != day2.text and [s.kind for s in day1.segments] == ["system", "document", "user"]
+    assert day1.segments[0].start == 0 and day1.segments[-1].end == len(day1.ids)
+    common = next(k for k, (x, y) in enumerate(zip(day1.ids, day2.ids, strict=False)) if x != y)
+    assert first_miss_segment(day1.segments, common) == "system"
+    assert hit_tokens_by_segment(day1.segments, common) == {"system": common, "document": 0, "user": 0}
+    # the template trims the system text; its span is still found
+    a, b = day1.char_spans[0]
+    assert day1.text[a:b] == "You answer questions about the documents."
+    same = render_prompt(llama_like, msgs)
+    assert same.ids == day1.ids  # a fixed date: the same prompt every day
+
+
+class _StripReasoning(ByteTextTokenizer):
+    """A template that drops reasoning from earlier assistant turns (as Qwen3's does)."""
+
+    def apply_chat_template(self, messages, **kw):
+        msgs = [{**m, "content": re.sub(r"<think>.*?</think>", "", m["content"], flags=re.S)} for m in messages]
+        return super().apply_chat_template(msgs, **kw)
+
+
+def test_parts_the_template_drops_get_empty_spans():
+    msgs = [Message.of("user", "user", "Sum 2+2."),
+            Message("assistant", (Part("output", "<think>2 and 2 make 4</think>"), Part("output", "4"))),
+            Message.of("user", "user", "Times 3?")]
+    r = render_prompt(_StripReasoning(), msgs)
+    assert r.dropped == [1]
+    think = r.segments[1]
+    assert think.start == think.end and think.text == "<think>2 and 2 make 4</think>"
+    assert r.segments[0].start == 0 and r.segments[-1].end == len(r.ids)
+    assert "think" not in r.text
+
+
+def test_unknown_kind_and_no_messages():
+    t = ByteTextTokenizer()
+    with pytest.raises(ConfigError, match="message 0 \\(user\\): 'query' is not a segment kind"):
+        render_prompt(t, [Message.of("user", "query", "x")])
+    with pytest.raises(ConfigError, match="no messages"):
+        render_prompt(t, [])
+
+
+def test_rendered_workload_round_trips_with_its_tokenizer_identity(bpe, musique, tmp_path):
+    prompts = [render_prompt(bpe, _rag_messages(r)) for r in musique]
+    w = rendered_workload(prompts, bpe, output_length=16, name="rag5")
+    assert w.meta["tokenizer"] == bpe.identity()
+    for i, p in enumerate(prompts):
+        assert w.prompt(i).tolist() == p.ids and w.segment_spans(i) == p.segments
+    back = load_jsonl(save_jsonl(w, tmp_path / "rag5.jsonl"))
+    assert back.content_sha256 == w.content_sha256 and back.meta["tokenizer"]["tokenizer_sha256"] == bpe.sha256
+    assert [back.segment_spans(i) for i in range(len(w))] == [p.segments for p in prompts]
