@@ -266,3 +266,15 @@ def test_rendered_workload_round_trips_with_its_tokenizer_identity(bpe, musique,
     back = load_jsonl(save_jsonl(w, tmp_path / "rag5.jsonl"))
     assert back.content_sha256 == w.content_sha256 and back.meta["tokenizer"]["tokenizer_sha256"] == bpe.sha256
     assert [back.segment_spans(i) for i in range(len(w))] == [p.segments for p in prompts]
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("KVLAB_TOKENIZER_CACHE", raising=False)
+    monkeypatch.setenv("KVLAB_CACHE", str(tmp_path / "kv"))
+    assert tk.tokenizer_cache_dir() == tmp_path / "kv" / "tokenizers"
+    monkeypatch.setenv("KVLAB_TOKENIZER_CACHE", str(tmp_path / "tok"))
+    assert tk.tokenizer_cache_dir() == tmp_path / "tok"
+    assert tk.tokenizer_cache_dir(tmp_path / "x") == tmp_path / "x"
+    monkeypatch.delenv("KVLAB_TOKENIZER_CACHE")
+    monkeypatch.delenv("KVLAB_CACHE")
+    assert tk.tokenizer_cache_dir().parts[-3:] == (".cache", "kvlab", "tokenizers")

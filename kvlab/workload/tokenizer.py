@@ -215,11 +215,15 @@ class HFTokenizer(TextTokenizer):
 
 # ------------------------------------------------------------------------------------------ kvlab BPE
 def tokenizer_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """Where trained tokenizers live: ``cache``, else ``$KVLAB_TOKENIZER_CACHE``, else ``~/.cache/kvlab/tokenizers``."""
+    """Where trained tokenizers live: ``cache``, else ``$KVLAB_TOKENIZER_CACHE``, else ``$KVLAB_CACHE/tokenizers``
+    (kvlab's cache folder, as the tests set it), else ``~/.cache/kvlab/tokenizers``."""
     if cache is not None:
         return Path(cache)
     env = os.environ.get("KVLAB_TOKENIZER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "kvlab" / "tokenizers"
+    if env:
+        return Path(env)
+    base = os.environ.get("KVLAB_CACHE")
+    return Path(base) / "tokenizers" if base else Path.home() / ".cache" / "kvlab" / "tokenizers"
 
 
 def _tokenizers() -> Any:
