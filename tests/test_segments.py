@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -84,6 +85,35 @@ def test_vectorised_hits_match_per_request(real_workload):
         a, b = w.segments.offsets[i], w.segments.offsets[i + 1]
         assert per_row[a:b].tolist() == [max(0, min(hits[i], s.end) - s.start) for s in spans]
         assert sum(hit_tokens_by_segment(spans, int(hits[i])).values()) == per_row[a:b].sum()
+    hits[0] = w.input_length[0]  # all hit: no first miss
+    first = w.segments.first_miss(hits)
+    assert [None if pd.isna(k) else k for k in first] == [
+        first_miss_segment(w.segment_spans(i), int(hits[i])) for i in range(len(w))
+    ]
+    assert pd.isna(first[0])
+    frame = w.segments.frame(hits)
+    assert list(frame.columns) == ["row", "index", "kind", "start", "end", "tokens", "hit_tokens"]
+    assert frame.groupby("row")["tokens"].sum().tolist() == w.input_length.tolist()  # the spans tile each prompt
+    assert frame["hit_tokens"].tolist() == w.segments.hit_tokens(hits).tolist() and frame["index"].max() == 3
+
+
+def test_clip_to_shorter_prompts(real_workload):
+    w = real_workload
+    cut = np.minimum(w.input_length, 60)
+    segs = w.segments.clip(cut)
+    clipped = from_lists([w.prompt(i)[:60] for i in range(len(w))], segments=segs)
+    for i in range(len(w)):
+        assert [(s.kind, s.start, s.end) for s in clipped.segment_spans(i)] == [
+            (s.kind, min(s.start, 60), min(s.end, 60)) for s in w.segment_spans(i)
+        ]
+
+
+def test_first_miss_with_gaps_and_empty_requests():
+    segs = Segments.from_lists([[("document", 2, 5), ("user", 7, 9)], [], [("system", 0, 4)]])
+    first = segs.first_miss(np.array([0, 0, 4]))
+    assert first[0] == "document" and pd.isna(first[1]) and pd.isna(first[2])
+    assert segs.first_miss(np.array([6, 0, 3]))[0] == "user"
+    assert segs.frame().shape == (3, 6)
 
 
 # ------------------------------------------------------------------------------------------ the Workload

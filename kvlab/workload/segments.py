@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
 from kvlab.errors import ConfigError
 
@@ -107,7 +108,7 @@ class Segments:
             raise ConfigError(f"Workload.segments: kind, start, end (and text) must have {m} rows")
         if m and (self.kind.min() < 0 or self.kind.max() >= len(SEGMENT_KINDS)):
             raise ConfigError("Workload.segments: kind codes must index SEGMENT_KINDS")
-        row = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.offsets))
+        row = self.rows()
         bad = (self.start < 0) | (self.end < self.start) | (self.end > input_length[row])
         if m > 1:  # within a request, a segment starts at or after the previous one's end
             bad[1:] |= (row[1:] == row[:-1]) & (self.start[1:] < self.end[:-1])
@@ -137,6 +138,11 @@ class Segments:
         text = None if self.text is None else [self.text[j] for j in rows.tolist()]
         return Segments(offsets=offsets, kind=self.kind[rows], start=self.start[rows], end=self.end[rows], text=text)
 
+    def clip(self, input_length: np.ndarray) -> Segments:
+        """Spans cut to prompts shortened to ``input_length`` tokens (segments past the cut become empty)."""
+        cap = np.asarray(input_length, dtype=np.int64)[self.rows()]
+        return Segments(self.offsets, self.kind, np.minimum(self.start, cap), np.minimum(self.end, cap), self.text)
+
     def update_hash(self, h: hashlib._Hash) -> None:
         """Feed every column (texts included) into the hash ``h`` (the workload's content hash)."""
         for name in ("offsets", "kind", "start", "end"):
@@ -146,11 +152,41 @@ class Segments:
         if self.text is not None:
             h.update("\x1f".join(self.text).encode("utf-8", "surrogatepass"))
 
+    def rows(self) -> np.ndarray:
+        """The request row of every segment row (int64 [m])."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.offsets))
+
     def hit_tokens(self, hit_tokens: np.ndarray) -> np.ndarray:
         """Hit tokens per segment row (int64 [m]): overlap of ``[0, hit_tokens[i])`` with the row's span."""
-        rows = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.offsets))
-        h = np.asarray(hit_tokens, dtype=np.int64)[rows]
+        h = np.asarray(hit_tokens, dtype=np.int64)[self.rows()]
         return np.clip(np.minimum(h, self.end) - self.start, 0, None)
+
+    def first_miss(self, hit_tokens: np.ndarray) -> pd.Categorical:
+        """Per request, the kind of the segment holding its first miss (:func:`first_miss_segment`, vectorised);
+        missing where no segment ends after ``hit_tokens[i]``."""
+        h = np.asarray(hit_tokens, dtype=np.int64)
+        after = np.flatnonzero(self.end > h[self.rows()])  # segment rows ending after their request's hits
+        pos = np.searchsorted(after, self.offsets[:-1])
+        j = after[np.minimum(pos, max(len(after) - 1, 0))] if len(after) else np.zeros(len(self), np.int64)
+        found = (pos < len(after)) & (j < self.offsets[1:])
+        codes = np.where(found, self.kind[j] if len(after) else -1, -1)
+        return pd.Categorical.from_codes(codes, categories=list(SEGMENT_KINDS))
+
+    def frame(self, hit_tokens: np.ndarray | None = None) -> pd.DataFrame:
+        """One row per segment: ``row`` (request), ``index`` (in its request), ``kind``, ``start``, ``end``,
+        ``tokens`` and, given per-request hit tokens, ``hit_tokens`` (tokens throughout)."""
+        rows = self.rows()
+        cols: dict[str, object] = {
+            "row": rows,
+            "index": np.arange(len(rows), dtype=np.int64) - self.offsets[rows],
+            "kind": pd.Categorical.from_codes(self.kind.astype(np.int64), categories=list(SEGMENT_KINDS)),
+            "start": self.start,
+            "end": self.end,
+            "tokens": self.end - self.start,
+        }
+        if hit_tokens is not None:
+            cols["hit_tokens"] = self.hit_tokens(hit_tokens)
+        return pd.DataFrame(cols)
 
 
 def hit_tokens_by_segment(spans: Sequence[Segment | tuple], hit_tokens: int) -> dict[str, int]:
