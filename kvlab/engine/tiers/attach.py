@@ -22,18 +22,19 @@ from kvlab.cache import PrefixCache
 from kvlab.engine.kv_pool import KVPool
 from kvlab.engine.tiers.store import DiskStore, DramStore, TierDir, TierIO
 from kvlab.errors import ConfigError
-from kvlab.tiers import Tier, TierStack
+from kvlab.tiers import Tier, TierStack, parse_tier
 from kvlab.tiers.results import tier_columns, tier_summary
 
 
-def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier], *, tier_dir: str | os.PathLike | None = None,
-                 max_load_tokens: int | None = None, defer: bool = False, fsync: bool = True,
-                 quota_bytes: int | None = None) -> TierIO | None:
-    """Tiers ``tiers`` below ``cache`` (whose block ids are ``pool``'s), their bytes in real stores; None
-    without tiers. ``capacity_gib`` tiers are sized with the pool's bytes per block. ``tier_dir``: the last
+def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] | None, *,
+                 tier_dir: str | os.PathLike | None = None, max_load_tokens: int | None = None, defer: bool = False,
+                 fsync: bool = True, quota_bytes: int | None = None) -> TierIO | None:
+    """Tiers ``tiers`` (:class:`Tier` or its ``--tier`` spelling) below ``cache`` (whose block ids are
+    ``pool``'s), their bytes in real stores; None without tiers. ``capacity_gib`` tiers are sized with the
+    pool's bytes per block. ``tier_dir``: the last
     tier is a :class:`~kvlab.engine.tiers.store.DiskStore` there (``fsync``, ``quota_bytes``: its options).
     ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule)."""
-    tiers = list(tiers or [])
+    tiers = [t if isinstance(t, Tier) else parse_tier(str(t), "tiers") for t in tiers or []]
     if not tiers:
         if tier_dir is not None or max_load_tokens is not None:
             raise ConfigError("tier_dir and max_load_tokens need tiers=[Tier(...)]")

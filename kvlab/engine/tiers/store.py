@@ -141,7 +141,9 @@ class TierDir:
                               "only into a new or empty directory, or one it created")
         self.token = (f"kvlab disk tier directory ({os.getpid()}-{id(self):x}-{time.time_ns()}): kvlab deletes "
                       "only its own *.kvb files\n")
-        (self.path / MARKER).write_text(self.token)  # (the marker is kvlab's: its last user's token)
+        tmp = self.path / (MARKER + ".tmp")
+        tmp.write_text(self.token)
+        tmp.replace(self.path / MARKER)  # (the marker is kvlab's: its last user's token)
         _LIVE.add(self.path.resolve())
         for name in names:
             if _OWN.match(name):
