@@ -110,8 +110,10 @@ def test_a_disk_load_stages_through_host_memory_and_shares_the_link():
     staged = nvme.seconds(4 * (2 << 20), 4)
     assert disk.staged == pytest.approx(staged)
     assert disk.end == pytest.approx(staged + pcie.seconds(4 * (2 << 20), 4))
-    dram = timing.load(0.0, [2, 0])  # behind the disk load's link hop on the shared PCIe link
-    assert dram.link_start == pytest.approx(disk.end)
+    small = timing.load(0.0, [2, 0])  # fits in the shared PCIe link's idle time before the disk data is staged
+    assert small.link_start == 0.0 and small.end < disk.staged
+    big = timing.load(0.0, [100, 0])  # does not: behind the disk load's link hop
+    assert big.link_start == pytest.approx(disk.end)
     store = timing.store(0.0, 2, 1, from_device=False)  # host -> disk copy: the drive only
     assert store == pytest.approx(staged + nvme.seconds(2 << 20, 1, write=True))
 

@@ -289,6 +289,7 @@ class TierServing:
         timing = self.timing
         end = t0 + compute
         if timing is not None:
+            timing.prune(t0)
             t_start = t0
             if self.write_back1 and blocks[0]:  # device evictions copied out before their blocks are reused
                 t_start = max(t0, timing.store(t0, 1, blocks[0], True))

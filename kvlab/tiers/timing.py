@@ -3,13 +3,14 @@
 A lower tier names a **medium** (where its data rests: host DRAM, an NVMe SSD; optional) and a **link**
 (between it and the device: PCIe, an RDMA NIC), both presets of ``kvlab/data/tiers/presets.json``
 (:func:`preset`, :func:`presets`). Tiers that name the same preset share one resource (two tiers behind
-one PCIe link share its time). Each resource has a *busy-until* time: an operation starts when the resource
-is free and the data is there, and keeps it busy for ::
+one PCIe link share its time). Each resource keeps its reserved busy intervals; an operation keeps it busy
+for ::
 
     t(B bytes in n operations) = ceil(n / queue_depth) × latency_s + B / bandwidth
 
-(``bandwidth``: bytes/s per direction; a medium has a read and a write bandwidth). Loads and stores share
-a resource's busy-until time (a store delays the loads queued behind it). The operation size is the real
+(``bandwidth``: bytes/s per direction; a medium has a read and a write bandwidth), in the earliest idle gap
+of the resource at or after the time the data is there. Loads and stores share a resource's time (a store
+delays the loads queued behind it). The operation size is the real
 one: with ``kv_layout="layer"`` (vLLM's per-layer KV tensors) a chunk of ``c`` blocks is ``layers``
 operations of ``c × bytes_per_block / layers`` bytes (Llama-3-8B, 16-token block: 2 MiB, 64 KiB per layer);
 with ``"block"`` (layer-contiguous pages, LMCache / HiCache ``page_first``) one operation per chunk.
@@ -80,24 +81,50 @@ def preset(name: str) -> Preset:
 
 
 class Resource:
-    """A preset in use: its busy-until time (s) and the bytes it moved."""
+    """A preset in use: its reserved busy intervals (s; sorted, disjoint, those ending after the last
+    :meth:`prune`) and the bytes it moved. A transfer takes the earliest idle gap, at or after the time its data
+    is there, long enough for it: a transfer issued for later (a disk read's link hop, once staged) leaves the
+    resource free for transfers that can run before it."""
 
-    __slots__ = ("busy_s", "busy_until", "bytes", "preset")
+    __slots__ = ("busy", "busy_s", "bytes", "preset")
 
     def __init__(self, p: Preset) -> None:
         self.preset = p
-        self.busy_until = 0.0
+        self.busy: list[tuple[float, float]] = []
         self.bytes = 0.0
         self.busy_s = 0.0
 
+    @property
+    def busy_until(self) -> float:
+        """End of the last reserved interval (0 when none is kept)."""
+        return self.busy[-1][1] if self.busy else 0.0
+
     def reserve(self, ready: float, nbytes: float, ops: int, write: bool = False) -> tuple[float, float]:
         """Occupy the resource for one transfer whose data is there at ``ready``: ``(start, end)``."""
-        start = ready if ready > self.busy_until else self.busy_until
         t = self.preset.seconds(nbytes, ops, write)
-        self.busy_until = end = start + t
+        busy = self.busy
+        start = ready
+        i = 0
+        for i, (s, e) in enumerate(busy):  # noqa: B007 - i is the insertion point after the loop
+            if start + t <= s:
+                break
+            if e > start:
+                start = e
+        else:
+            i = len(busy)
+        busy.insert(i, (start, start + t))
         self.bytes += nbytes
         self.busy_s += t
-        return start, end
+        return start, start + t
+
+    def prune(self, now: float) -> None:
+        """Forget intervals that ended by ``now`` (no later transfer can start before ``now``)."""
+        busy = self.busy
+        k = 0
+        while k < len(busy) and busy[k][1] <= now:
+            k += 1
+        if k:
+            del busy[:k]
 
 
 @dataclass(slots=True)
@@ -177,13 +204,18 @@ class TierTiming:
                 first, end = min(first, s), max(end, e)
         return (first if first < math.inf else ready), end
 
-    def snapshot(self) -> list[tuple[float, float, float]]:
+    def snapshot(self) -> list[tuple[list, float, float]]:
         """Every resource's state, for :meth:`restore` (an estimate reserves, then restores)."""
-        return [(r.busy_until, r.bytes, r.busy_s) for r in self.resources.values()]
+        return [(list(r.busy), r.bytes, r.busy_s) for r in self.resources.values()]
 
-    def restore(self, state: list[tuple[float, float, float]]) -> None:
-        for r, (busy_until, nbytes, busy_s) in zip(self.resources.values(), state, strict=True):
-            r.busy_until, r.bytes, r.busy_s = busy_until, nbytes, busy_s
+    def restore(self, state: list[tuple[list, float, float]]) -> None:
+        for r, (busy, nbytes, busy_s) in zip(self.resources.values(), state, strict=True):
+            r.busy, r.bytes, r.busy_s = busy, nbytes, busy_s
+
+    def prune(self, now: float) -> None:
+        """Forget every resource's intervals that ended by ``now`` (the clock; called once per step)."""
+        for r in self.resources.values():
+            r.prune(now)
 
     # ------------------------------------------------------------------ stores
     def store(self, now: float, level: int, blocks: int, from_device: bool) -> float:
