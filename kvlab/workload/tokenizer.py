@@ -11,6 +11,8 @@ hashes of both, which belong to a run's identity. Specs:
   kvlab could depend on (``tiktoken`` downloads its files; ``mistral-common`` ships Mistral's, but pins
   ``numpy<2.4`` on Python <= 3.12; docs/layout.md has the survey).
 * ``"byte"``: UTF-8 bytes (:class:`~kvlab.workload.text.ByteTokenizer`), for tests.
+* a rank file (``*.tiktoken``, ``tekken*.json`` or ``"ranks:PATH"``): a real vocabulary published as token
+  ranks, converted once (:mod:`kvlab.workload.rank_tokenizer`).
 * anything else: a Hugging Face tokenizer name or local folder, loaded with ``local_files_only=True``
   (a local folder, or a name already in the Hugging Face cache; nothing is downloaded).
 
@@ -266,13 +268,16 @@ def _training_key(texts: list[str], vocab_size: int, min_frequency: int) -> str:
     return h.hexdigest()
 
 
-def _wrap(tok: Any, name: str) -> HFTokenizer:
+def wrap_tokenizers(
+    tok: Any, name: str, *, chat_template: str | None = None, eos_token: str | None = None
+) -> HFTokenizer:
+    """A :class:`TextTokenizer` around a ``tokenizers.Tokenizer`` (via ``PreTrainedTokenizerFast``)."""
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
         raise ConfigError("text tokenizers need the 'transformers' package: pip install 'kvlab[engine]'") from None
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    hf.chat_template = CHATML_TEMPLATE
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token)
+    hf.chat_template = chat_template
     return HFTokenizer(hf, name)
 
 
@@ -303,7 +308,7 @@ def kvlab_bpe(
         folder.mkdir(parents=True, exist_ok=True)
         with atomic_open(path, "w", encoding="utf-8") as f:
             f.write(tok.to_str())
-    return _wrap(tok, f"kvlab-bpe-{vocab_size}")
+    return wrap_tokenizers(tok, f"kvlab-bpe-{vocab_size}", chat_template=CHATML_TEMPLATE, eos_token="<|endoftext|>")
 
 
 # ------------------------------------------------------------------------------------------ one entry point
@@ -313,16 +318,27 @@ def load_tokenizer(
     cache_dir: str | os.PathLike | None = None,
     text_dir: str | os.PathLike | None = None,
 ) -> TextTokenizer:
-    """A :class:`TextTokenizer` by spec: ``None``/``"kvlab-bpe"``, ``"byte"``, or a Hugging Face name or folder.
+    """A :class:`TextTokenizer` by spec: ``None``/``"kvlab-bpe"``, ``"byte"``, a rank file, or a Hugging Face
+    name or folder.
 
+    A rank file is a ``*.tiktoken`` or ``tekken*.json`` path, or any file as ``"ranks:PATH"`` (e.g. Llama-3's
+    original ``tokenizer.model``): see :mod:`kvlab.workload.rank_tokenizer`; no chat template (plain layout).
     Hugging Face tokenizers load offline (``local_files_only=True``): a folder with ``tokenizer.json``, or
-    a name already in the Hugging Face cache. ``cache_dir`` and ``text_dir`` apply to kvlab's BPE only.
+    a name already in the Hugging Face cache. ``cache_dir`` applies to kvlab's BPE and to rank files,
+    ``text_dir`` to kvlab's BPE only.
     """
     if spec is None or spec == DEFAULT_TOKENIZER:
         return kvlab_bpe(text_dir, cache_dir=cache_dir)
     if spec == "byte":
         return ByteTextTokenizer()
     name = os.fspath(spec)
+    rank_file = Path(name.removeprefix("ranks:"))
+    if name.startswith("ranks:") or rank_file.suffix == ".tiktoken" or (
+        rank_file.suffix == ".json" and rank_file.name.startswith("tekken")
+    ):
+        from kvlab.workload.rank_tokenizer import rank_file_tokenizer
+
+        return wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=cache_dir), f"ranks:{rank_file.name}")
     try:
         from transformers import AutoTokenizer
     except ImportError:
