@@ -127,6 +127,11 @@ def test_segments_text_and_ids(real_workload):
             assert TOK.decode(w.prompt(i)[s.start : s.end]) == s.text
 
 
+def test_segments_from_plain_lists():
+    w = from_lists([[1, 2, 3], [4]], segments=[[("system", 0, 1), ("user", 1, 3)], [("user", 0, 1)]])
+    assert isinstance(w.segments, Segments) and w.segment_spans(1) == [Segment("user", 0, 1)]
+
+
 def test_select_keeps_segments(real_workload):
     w = real_workload
     sub = w.select(np.array([2, 5]))

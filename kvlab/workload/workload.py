@@ -76,6 +76,8 @@ class Workload:
             col = getattr(self, name)
             if col is not None and not isinstance(col, pd.Categorical):
                 setattr(self, name, pd.Categorical(col))
+        if self.segments is not None and not isinstance(self.segments, Segments):
+            self.segments = Segments.from_lists(self.segments)  # one list of (kind, start, end[, text]) per request
         self.validate()
 
     # ------------------------------------------------------------------ structure
