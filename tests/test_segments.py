@@ -244,6 +244,18 @@ def test_jsonl_bad_segments_name_line_and_field(tmp_path, segments, message):
     assert str(e.value).startswith(f"{path}:2: field 'segments': ")
 
 
+def test_segments_refused_on_text_prompts(tmp_path):
+    seg = [{"kind": "user", "start": 0, "end": 1}]
+    path = _jsonl(tmp_path, {"arrival": 0, "output_length": 1, "text": "abc", "segments": seg})
+    with pytest.raises(TraceFormatError, match="segment spans are token positions") as e:
+        load_jsonl(path, tokenizer=TOK)
+    assert e.value.line == 1 and e.value.field == "segments"
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"arrival": [0.0], "output_length": [1], "text": ["abc"], "segments": [seg]}), path)
+    with pytest.raises(TraceFormatError, match="segment spans are token positions"):
+        load_parquet(path, tokenizer=TOK)
+
+
 def test_jsonl_text_on_some_segments_only(tmp_path):
     rec = {"arrival": 0, "output_length": 1, "tokens": [1, 2, 3]}
     path = _jsonl(tmp_path, rec | {"segments": [{"kind": "user", "start": 0, "end": 3, "text": "abc"}]},

@@ -38,6 +38,7 @@ from kvlab.workload.native_schema import (
     INT_ABSENT,
     OPTIONAL_COLUMNS,
     RECORD_KEYS,
+    SEGMENTS_NEED_IDS,
     build_segments,
     check_parents_resolvable,
     default_header,
@@ -143,6 +144,8 @@ def load_jsonl(
                     p, ln, "input_length", f"is {obj['input_length']} but the prompt has {il} tokens"
                 )
         _read_optional(p, ln, obj, cols, out_counts, out_flat)
+        if "segments" in obj and key == "text":
+            raise TraceFormatError(p, ln, "segments", SEGMENTS_NEED_IDS)
         segs.append(parse_segments(p, ln, obj["segments"], il) if "segments" in obj else [])
         seen.update(obj)
         arrival.append(a)

@@ -40,6 +40,7 @@ from kvlab.workload.native_schema import (
     COLUMN_KEYS,
     INT_ABSENT,
     OPTIONAL_COLUMNS,
+    SEGMENTS_NEED_IDS,
     build_segments,
     check_parents_resolvable,
     default_header,
@@ -215,6 +216,8 @@ def load_parquet(
         o_off, out_flat = _list_column(p, table, "output_tokens", nullable=True)
         out_counts = np.diff(o_off)
     kw = optional_columns(p, pres, cols, None, hd, out_counts, out_flat)
+    if "segments" in names and key == "text":
+        raise TraceFormatError(p, None, "segments", SEGMENTS_NEED_IDS)
     if "segments" in pres:
         present = "segments" in names
         kw["segments"] = _segments_column(p, table, in_len) if present else build_segments(p, [[]] * n, None)

@@ -265,6 +265,7 @@ def optional_columns(
 
 # ---------------------------------------------------------------------------------------------- segments
 SEGMENT_KEYS = frozenset(("kind", "start", "end", "text"))
+SEGMENTS_NEED_IDS = "segment spans are token positions: they need token ids (tokens or hash_ids), not text"
 
 
 def parse_segments(path: str, ln: int | None, value: Any, input_length: int, pre: str = "") -> list[Segment]:
