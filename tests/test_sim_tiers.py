@@ -231,3 +231,26 @@ def test_an_unknown_preset_names_the_field():
     with pytest.raises(ConfigError, match=r"--tier 'ssd:blocks=4:medium=floppy': medium must be a timing preset"):
         parse_tier("ssd:blocks=4:medium=floppy")
     assert math.isfinite(preset(PCIE).bandwidth)
+
+
+def test_a_loading_request_waits_in_its_place_while_others_run():
+    """r2's prefix was evicted from the device to the SSD: r2 waits in WAITING_FOR_KV_LOAD while r3, which
+    arrived after it, runs; r2 then runs with the blocks it holds, its wait in ttft_load_s."""
+    from kvlab.workload.workload import from_lists
+
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.integers(0, 1000, n).tolist() for n in (64, 80, 8))
+    w = from_lists([x, y, x + z, z], arrival=np.array([0.0, 1.0, 2.0, 2.0005]), output_length=np.ones(4, int))
+    tiers = [Tier(name="ssd", capacity_blocks=64, medium=NVME, link=PCIE)]
+    r = simulate(w, capacity_blocks=6, tiers=tiers).requests
+    ssd = int(r.loc[2, "hit_tokens_ssd"])
+    assert ssd >= 48 and r.loc[2, "hit_tokens"] == 64
+    assert r.loc[3, "admitted_s"] > r.loc[2, "admitted_s"]
+    assert r.loc[3, "first_token_s"] < r.loc[2, "first_token_s"]  # r3 ran while r2's load was in flight
+    timing = TierTiming(tiers, block_bytes=16 * 131072, layers=32)
+    load = timing.load(0.0, [ssd // 16]).end
+    assert load <= r.loc[2, "ttft_load_s"] < load + 0.05  # waited for its load, then for r3's step to end
+    assert r.loc[2, "ttft_s"] == pytest.approx(r.loc[2, "queue_s"] + r.loc[2, "ttft_load_s"]
+                                               + r.loc[2, "ttft_compute_s"])
+    untimed = simulate(w, capacity_blocks=6, tiers=[Tier(name="ssd", capacity_blocks=64)]).requests
+    assert untimed.loc[2, "ttft_load_s"] == 0 and untimed.loc[2, "hit_tokens_ssd"] == ssd

@@ -174,7 +174,9 @@ class Scheduler:
     ``fast_forward`` (simulated clocks with an executor that has ``decode_durations``) takes runs of
     identical decode steps at once, at most ``max_fast_forward_steps``. ``on_finish(req)`` is called
     for each finished request. The time series (one row per step or fast-forwarded run, ``num_steps``
-    steps of identical composition) is :meth:`timeseries`.
+    steps of identical composition) is :meth:`timeseries`. ``loads`` (tiers below the device:
+    :class:`kvlab.tiers.serving.TierServing`) is told of arrivals (``arrived``: prefetch) and admissions
+    (``hold``: a load to wait for) and says when a waiting request may run (``ready``, ``next_ready``).
     """
 
     def __init__(
