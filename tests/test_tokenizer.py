@@ -260,7 +260,7 @@ def test_unknown_kind_and_no_messages():
 def test_rendered_workload_round_trips_with_its_tokenizer_identity(bpe, musique, tmp_path):
     prompts = [render_prompt(bpe, _rag_messages(r)) for r in musique]
     w = rendered_workload(prompts, bpe, output_length=16, name="rag5")
-    assert w.meta["tokenizer"] == bpe.identity()
+    assert w.meta["tokenizer"] == bpe.identity() and w.identity()["tokenizer"] == bpe.identity()
     for i, p in enumerate(prompts):
         assert w.prompt(i).tolist() == p.ids and w.segment_spans(i) == p.segments
     back = load_jsonl(save_jsonl(w, tmp_path / "rag5.jsonl"))

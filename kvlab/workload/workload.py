@@ -237,9 +237,10 @@ class Workload:
         """The trace part of a run's identity: what the numbers depend on, plus where it came from.
 
         ``content_sha256`` decides equality; ``file_sha256`` (the source file, before any selection),
-        ``requests`` and ``name`` are recorded for people reading a manifest.
+        ``requests`` and ``name`` are recorded for people reading a manifest, and so is ``tokenizer`` (name,
+        tokenizer and template hashes) for a workload rendered from text (``meta["tokenizer"]``).
         """
-        return {
+        ident = {
             "name": self.name,
             "content_sha256": self.content_sha256,
             "file_sha256": self.checksum,
@@ -247,6 +248,9 @@ class Workload:
             "kind": self.kind,
             "trace_block_size": self.block_size,
         }
+        if "tokenizer" in self.meta:
+            ident["tokenizer"] = self.meta["tokenizer"]
+        return ident
 
     def to_frame(self) -> pd.DataFrame:
         """Per-request metadata (no prompts) as a tidy frame, one row per request in trace order."""
