@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from kvlab.errors import ConfigError
 from kvlab.schema import (
@@ -102,11 +110,11 @@ class Tier(Schema):
 
     @field_validator("medium", "link")
     @classmethod
-    def _preset_known(cls, value: str | None) -> str | None:
+    def _preset_known(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             from kvlab.tiers.timing import check_preset
 
-            check_preset(value)
+            check_preset(value, info.field_name)
         return value
 
     @model_serializer(mode="wrap")

@@ -67,11 +67,13 @@ def presets() -> dict[str, Preset]:
     return {name: Preset(name=name, **fields) for name, fields in data["presets"].items()}
 
 
-def check_preset(name: str) -> str:
-    """``name`` if it is a shipped preset; ConfigError (a ValueError) otherwise."""
-    known = presets()
+def check_preset(name: str, kind: str | None = None) -> str:
+    """``name`` if it is a shipped preset (of ``kind``, "link" or "medium", if given); ConfigError (a
+    ValueError) otherwise."""
+    known = {n: p for n, p in presets().items() if kind is None or p.kind == kind}
     if name not in known:
-        raise ConfigError(f"must be a timing preset ({', '.join(sorted(known))}), got {name!r}")
+        what = f"a {kind} preset" if kind else "a timing preset"
+        raise ConfigError(f"must be {what} ({', '.join(sorted(known))}), got {name!r}")
     return name
 
 
