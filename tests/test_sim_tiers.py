@@ -255,3 +255,20 @@ def test_a_loading_request_waits_in_its_place_while_others_run():
                                                + r.loc[2, "ttft_compute_s"])
     untimed = simulate(w, capacity_blocks=6, tiers=[Tier(name="ssd", capacity_blocks=64)]).requests
     assert untimed.loc[2, "ttft_load_s"] == 0 and untimed.loc[2, "hit_tokens_ssd"] == ssd
+
+
+def test_a_measured_preset_from_a_json_file(tmp_path, mooncake):
+    """A medium measured elsewhere (kvlab.engine.tiers.measure.medium_preset's fields) is named by its file."""
+    path = tmp_path / "disk-measured.json"
+    path.write_text('{"kind": "medium", "bandwidth": 1.0e9, "latency_s": 0.002, "write_bandwidth": 2.0e8, '
+                    '"queue_depth": 1, "calibrated": true, "source": "a test"}')
+    t = Tier(name="ssd", capacity_blocks=4000, medium=str(path), link=PCIE)
+    assert preset(str(path)).name == "disk_measured" and preset(str(path)).calibrated
+    r = simulate(mooncake.head(100), capacity_blocks=40, tiers=[t])
+    assert "medium_bytes_disk_measured" in r.timeseries.columns
+    with pytest.raises(ConfigError, match="must be a link preset"):
+        Tier(name="ssd", capacity_blocks=4, link=str(path))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kind": "medium", "bandwidth": 0, "latency_s": 0}')
+    with pytest.raises(ConfigError, match="bandwidth > 0"):
+        Tier(name="ssd", capacity_blocks=4, medium=str(bad))

@@ -2,9 +2,9 @@
 
 A lower tier names a **medium** (where its data rests: host DRAM, an NVMe SSD; optional) and a **link**
 (between it and the device: PCIe, an RDMA NIC), both presets of ``kvlab/data/tiers/presets.json``
-(:func:`preset`, :func:`presets`). Tiers that name the same preset share one resource (two tiers behind
-one PCIe link share its time). Each resource keeps its reserved busy intervals; an operation keeps it busy
-for ::
+(:func:`preset`, :func:`presets`) or JSON files of one (:func:`preset_file`: a measured disk). Tiers that
+name the same preset share one resource (two tiers behind one PCIe link share its time). Each resource
+keeps its reserved busy intervals; an operation keeps it busy for ::
 
     t(B bytes in n operations) = ceil(n / queue_depth) × latency_s + B / bandwidth
 
@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Literal
 
 from kvlab.errors import ConfigError
@@ -67,19 +69,42 @@ def presets() -> dict[str, Preset]:
     return {name: Preset(name=name, **fields) for name, fields in data["presets"].items()}
 
 
-def check_preset(name: str, kind: str | None = None) -> str:
-    """``name`` if it is a shipped preset (of ``kind``, "link" or "medium", if given); ConfigError (a
-    ValueError) otherwise."""
-    known = {n: p for n, p in presets().items() if kind is None or p.kind == kind}
-    if name not in known:
+def preset_file(path: str | Path) -> Preset:
+    """A preset from a JSON file of its fields (``kind``, ``bandwidth``, ``latency_s``, optional
+    ``queue_depth``, ``write_bandwidth``, ``calibrated``, ``description``, ``source``; ``name`` defaults to the
+    file's stem): e.g. a disk measured by kvlab.engine.tiers.measure.medium_preset. ConfigError if malformed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        name = re.sub(r"[^A-Za-z0-9_]", "_", str(data.pop("name", path.stem)))
+        p = Preset(name=name if name[:1].isalpha() else f"p_{name}", **data)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read timing preset {str(path)!r}: {exc}") from None
+    if p.kind not in ("link", "medium") or not p.bandwidth > 0 or p.latency_s < 0 or p.queue_depth < 1 or (
+            p.write_bandwidth is not None and not p.write_bandwidth > 0):
+        raise ConfigError(f"timing preset {str(path)!r}: needs kind link or medium, bandwidth > 0, latency_s >= 0, "
+                          "queue_depth >= 1")
+    return p
+
+
+def preset(name: str, kind: str | None = None) -> Preset:
+    """The preset called ``name``: a shipped one (:func:`presets`) or a JSON file (:func:`preset_file`), of
+    ``kind`` ("link" or "medium") if given. ConfigError (a ValueError) otherwise."""
+    known = presets()
+    p = known.get(name)
+    if p is None and name.endswith(".json") and Path(name).is_file():
+        p = preset_file(name)
+    if p is None or (kind is not None and p.kind != kind):
         what = f"a {kind} preset" if kind else "a timing preset"
-        raise ConfigError(f"must be {what} ({', '.join(sorted(known))}), got {name!r}")
+        names = sorted(n for n, q in known.items() if kind is None or q.kind == kind)
+        raise ConfigError(f"must be {what} ({', '.join(names)}, or a .json file of one), got {name!r}")
+    return p
+
+
+def check_preset(name: str, kind: str | None = None) -> str:
+    """``name`` if it names a preset (:func:`preset`) of ``kind``; ConfigError otherwise."""
+    preset(name, kind)
     return name
-
-
-def preset(name: str) -> Preset:
-    """The preset called ``name`` (ConfigError if unknown)."""
-    return presets()[check_preset(name)]
 
 
 class Resource:
@@ -166,12 +191,13 @@ class TierTiming:
             self.chunks.append(t.chunk_blocks)
 
     def _resource(self, name: str, kind: str, tier: str) -> Resource:
-        p = preset(name)
-        if p.kind != kind:
-            raise ConfigError(f"tier {tier!r}: {kind} ({kind}=) must name a {kind} preset, {name!r} is a {p.kind}")
-        if name not in self.resources:
-            self.resources[name] = Resource(p)
-        return self.resources[name]
+        try:
+            p = preset(name, kind)
+        except ConfigError as err:
+            raise ConfigError(f"tier {tier!r}: {kind} ({kind}=) {err}") from None
+        if p.name not in self.resources:  # keyed (and named in the time series) by the preset's name
+            self.resources[p.name] = Resource(p)
+        return self.resources[p.name]
 
     # ------------------------------------------------------------------ sizes
     def ops(self, level: int, blocks: int) -> int:
