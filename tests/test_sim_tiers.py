@@ -213,6 +213,8 @@ def test_deterministic(mooncake):
 @pytest.mark.parametrize(("kw", "message"), [
     ({"tiers": [Tier(name="d", capacity_blocks=4)], "tier_overlap": True}, "tier_overlap needs timed tiers"),
     ({"max_load_tokens": 16}, "max_load_tokens applies to the tiers"),
+    ({"tiers": [Tier(name="d", capacity_blocks=4, link=PCIE)], "tier_prefetch": "best_effort"},
+     "the last tier 'd' needs a medium"),
     ({"tiers": [Tier(name="d", capacity_blocks=4, link=PCIE), Tier(name="s", capacity_blocks=4, medium=NVME)]},
      "tier 's': link (link=) is needed"),
 ])

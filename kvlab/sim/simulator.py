@@ -140,6 +140,9 @@ class SimConfig(Schema):
             missing = [t.name for t in self.tiers if t.link is None]
             if missing:
                 raise ValueError(f"tier {missing[0]!r}: link (link=) is needed when tiers are timed")
+            if self.tier_prefetch != "off" and self.tiers[-1].medium is None:
+                raise ValueError(f"tier_prefetch reads the slowest tier into host memory: the last tier "
+                                 f"{self.tiers[-1].name!r} needs a medium (medium=)")
         return self
 
     def validate(self) -> None:

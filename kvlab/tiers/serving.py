@@ -89,7 +89,7 @@ class TierServing:
         self.levels = len(stack.tiers)
         self.overlap = overlap and timing is not None
         self.decide_cost = load_or_recompute and timing is not None
-        self.prefetch = prefetch if timing is not None and timing.media[-1] is not None and self.levels > 1 else "off"
+        self.prefetch = prefetch if timing is not None and timing.media[-1] is not None else "off"
         self.prefetch_timeout_s = prefetch_timeout_s
         self.layers = timing.layers if timing is not None else 1
         self.write_back1 = stack.tiers[0].spec.write == "write_back"
