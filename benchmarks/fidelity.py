@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibration ({fs['n']} batches, {how}): eta_lin {hw.compute_efficiency:.3f}  "
               f"eta_attn {hw.attention_efficiency:.3f}  eta_mem {hw.memory_efficiency:.3f}  "
               f"t0 {hw.step_overhead_s * 1e3:.2f} ms  t_prefill {hw.prefill_overhead_s * 1e3:.2f} ms  "
-              f"t_entry {hw.entry_overhead_s * 1e3:.2f} ms  "
+              + (f"batch overhead {', '.join(f'{k}: {t * 1e3:.2f}' for k, t in hw.batch_overhead_s)} ms  "
+                 if hw.batch_overhead_s else "") +
               f"(peak {hw.peak_flops:.3g} FLOP/s, bandwidth {hw.memory_bandwidth:.3g} B/s)")
         print(f"  fit |residual|: median {fs['median_abs']:.1%}  p90 {fs['p90_abs']:.1%}  max {fs['max_abs']:.1%}  "
               f"bias {fs['bias']:+.1%}" + (f"; notes: {'; '.join(cal.fit.notes)}" if cal.fit.notes else ""))

@@ -218,8 +218,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     hw, s = cal.hardware, cal.fit.stats
     print(f"{hw.name}: {hw.description}")
     for key in ("peak_flops", "memory_bandwidth", "compute_efficiency", "attention_efficiency", "memory_efficiency",
-                "step_overhead_s", "prefill_overhead_s", "entry_overhead_s"):
+                "step_overhead_s", "prefill_overhead_s"):
         print(f"{key:<22} {getattr(hw, key):.6g}")
+    if hw.batch_overhead_s:
+        print(f"{'batch_overhead_s':<22} " + ", ".join(f"{s} entries {t * 1e3:.2f} ms" for s, t in hw.batch_overhead_s))
     print(f"fit |relative residual|: median {s['median_abs']:.1%}, p90 {s['p90_abs']:.1%}, max {s['max_abs']:.1%} "
           f"over {s['n']} batches")
     for note in cal.fit.notes:

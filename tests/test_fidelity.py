@@ -62,15 +62,20 @@ def test_fit_recovers_known_parameters(shape, grid, execution):
     true = load_hardware("cpu-local").with_overrides(compute_efficiency=0.23, attention_efficiency=0.08,
                                                       memory_efficiency=0.35, step_overhead_s=0.0037,
                                                       prefill_overhead_s=0.0021)
-    if execution == "batched":  # a per-entry cost shows only in packed steps (sequential: part of t_0)
-        true = true.with_overrides(entry_overhead_s=0.0013)
+    sizes = sorted({len(p) for p in grid if len(p) > 1})
+    if execution == "batched":  # a batch overhead per batch size shows only in packed steps (uneven: 3 > 4)
+        true = true.with_overrides(batch_overhead_s=[(s, 0.004 if s == 3 else 0.0013 * s) for s in sizes])
     seconds = predict_seconds(CostModel(model, true), grid, execution)
     fit = fit_cost_model(samples_from(grid, seconds), model, "cpu-local", execution=execution)
     hw = fit.hardware
     assert hw.calibrated and hw.peak_flops == true.peak_flops and hw.memory_bandwidth == true.memory_bandwidth
     for name in ("compute_efficiency", "attention_efficiency", "memory_efficiency", "step_overhead_s",
-                 "prefill_overhead_s", "entry_overhead_s"):
-        assert getattr(hw, name) == pytest.approx(getattr(true, name), rel=0.01, abs=1e-12), name
+                 "prefill_overhead_s"):
+        assert getattr(hw, name) == pytest.approx(getattr(true, name), rel=0.01), name
+    assert [s for s, _ in hw.batch_overhead_s] == ([s for s, _ in true.batch_overhead_s] if execution == "batched"
+                                                   else [])
+    for (_, fitted), (_, real) in zip(hw.batch_overhead_s, true.batch_overhead_s, strict=False):
+        assert fitted == pytest.approx(real, rel=0.01)
     assert fit.stats["max_abs"] < 1e-6 and not fit.notes
 
 

@@ -170,19 +170,26 @@ def test_prefill_overhead_counts_prefill_entries_only():
         hw.with_overrides(prefill_overhead_s=-1.0)
 
 
-def test_entry_overhead_counts_every_entry_and_zero_changes_nothing():
+def test_batch_overhead_is_interpolated_per_batch_size_and_none_changes_nothing():
     hw = load_hardware("h100")
-    with_e = hw.with_overrides(entry_overhead_s=0.0007)
-    zero = hw.with_overrides(entry_overhead_s=0.0)
-    base, cost = CostModel("llama-3-8b", hw), CostModel("llama-3-8b", with_e)
-    batch = [(128, 0), (64, 512), (1, 700), (1, 30), (1, 0)]  # 5 entries, prefill or decode alike
-    assert cost.duration(batch) == pytest.approx(base.duration(batch) + 5 * 0.0007, rel=1e-12)
-    assert cost.breakdown(batch).t_overhead == pytest.approx(hw.step_overhead_s + 5 * 0.0007)
-    expected = base.decode_durations([100, 250, 7], 6) + 3 * 0.0007
+    knots = [(2, 0.002), (3, 0.006), (4, 0.003), (8, 0.005)]  # uneven on purpose: 3 entries cost more than 4
+    with_b = hw.with_overrides(batch_overhead_s=[list(k) for k in reversed(knots)])  # JSON-style, any order
+    assert with_b.batch_overhead_s == tuple(knots)
+    base, cost = CostModel("llama-3-8b", hw), CostModel("llama-3-8b", with_b)
+    expect = {1: 0.0, 2: 0.002, 3: 0.006, 4: 0.003, 6: 0.004, 8: 0.005, 12: 0.007}  # (1, 0); linear; past 8 on slope
+    for s, extra in expect.items():
+        batch = [(64, 0)] + [(1, 100 + i) for i in range(s - 1)]
+        assert cost.duration(batch) == pytest.approx(base.duration(batch) + extra, rel=1e-12, abs=1e-15), s
+        assert cost.breakdown(batch).t_overhead == pytest.approx(hw.step_overhead_s + extra)
+    expected = base.decode_durations([100, 250, 7], 6) + 0.006
     np.testing.assert_allclose(cost.decode_durations([100, 250, 7], 6), expected, rtol=1e-12)
     assert [cost.duration([(1, c + i) for c in (100, 250, 7)]) for i in range(6)] == pytest.approx(expected)
-    z = CostModel("llama-3-8b", zero)  # the default 0: bit-identical to a profile without the field
-    assert z.duration(batch) == base.duration(batch)
-    np.testing.assert_array_equal(z.decode_durations([100, 250], 5), base.decode_durations([100, 250], 5))
-    with pytest.raises(ConfigError):
-        hw.with_overrides(entry_overhead_s=-1e-3)
+    assert float(hw.with_overrides(batch_overhead_s=[(2, 0.004), (3, 0.001)]).batch_overhead(9)) == 0.0  # >= 0
+    loaded = type(hw).from_dict(json.loads(json.dumps(with_b.to_dict())))
+    assert loaded == with_b
+    none = CostModel("llama-3-8b", hw.with_overrides(batch_overhead_s=()))  # the default: bit-identical
+    batch = [(128, 0), (1, 700), (1, 30)]
+    assert none.duration(batch) == base.duration(batch)
+    for bad in ([(1, 0.001)], [(2, -1e-3)], [(2, 0.001), (2, 0.002)], [("x", 1)]):
+        with pytest.raises(ConfigError, match="batch_overhead_s"):
+            hw.with_overrides(batch_overhead_s=bad)

@@ -8,11 +8,12 @@ Procedure (docs/simulator.md, "Calibration"):
    each ``repeats`` times in a shuffled order per repeat (drift from other jobs spreads over the grid), and
    keeps the median.
 2. :func:`fit_cost_model` fits ``u_lin = 1/(P η_lin)``, ``u_attn = 1/(P η_attn)``, ``u_mem = 1/(M η_mem)``,
-   ``t_0``, ``t_prefill`` and (batched execution only) ``t_entry`` of the cost model's step equation by least
-   squares on relative residuals (each step weighs ``1/t``), all non-negative. A group of work (a step of a
-   batched engine, or one forward of the engine's sequential execution, ``execution="sequential"``) costs ::
+   ``t_0``, ``t_prefill`` and (batched execution only) ``b_S``, the batch overhead of a step of ``S >= 2``
+   entries at each batch size the grid measures, of the cost model's step equation by least squares on
+   relative residuals (each step weighs ``1/t``), all non-negative. A group of work (a step of a batched
+   engine, or one forward of the engine's sequential execution, ``execution="sequential"``) costs ::
 
-       max(u_lin (F_lin T + F_head S) + u_attn F_pair A,  u_mem (B_weights + B_kv K)) + t_0 + t_entry S + t_prefill P
+       max(u_lin (F_lin T + F_head S) + u_attn F_pair A,  u_mem (B_weights + B_kv K)) + t_0 + t_prefill P + b_S
 
    The maximum makes the problem piecewise linear: each group is assigned to its larger branch, the
    linear problem is solved, groups are re-assigned, until the assignment is stable (several starts, the
@@ -22,8 +23,8 @@ Procedure (docs/simulator.md, "Calibration"):
    (η = 1 there) and the report says so; a rate the data cannot see (fitted ``u = 0``) gets η = 1.
 
 With ``execution="sequential"`` the engine runs one sequence per forward call, so a batch of ``B`` entries
-costs the sum of ``B`` one-sequence steps: the calibrated profile describes one-sequence steps (``t_entry``
-is part of ``t_0`` there and fitted 0), and the simulator reproduces the engine where steps hold one sequence
+costs the sum of ``B`` one-sequence steps: the calibrated profile describes one-sequence steps (no batch
+overhead), and the simulator reproduces the engine where steps hold one sequence
 (``max_num_seqs=1``); the report gives the error of the batched equation on the multi-entry samples too. With
 ``execution="batched"`` each batch is one packed forward and the fit is the batched equation itself.
 
@@ -221,7 +222,7 @@ def _entries(samples: pd.DataFrame) -> list[Point]:
 # ---------------------------------------------------------------------- the fit
 def _features(cost: CostModel, point: Point, execution: str) -> np.ndarray:
     """``[lin FLOPs, attention FLOPs, bytes, prefill entries, entries]`` per group of a batch (one group per
-    entry when sequential; the entries column is then 0: a one-entry forward's per-entry cost is its ``t_0``)."""
+    entry when sequential; the entries column is then 0: one-entry forwards have no batch overhead)."""
     groups = [[e] for e in point] if execution == "sequential" else [list(point)]
     out = np.empty((len(groups), 5))
     for g, entries in enumerate(groups):
@@ -231,10 +232,21 @@ def _features(cost: CostModel, point: Point, execution: str) -> np.ndarray:
     return out
 
 
+def batch_knots(feats: list[np.ndarray]) -> list[int]:
+    """The batch sizes ``S >= 2`` the samples measure (one batch-overhead unknown each, batched execution)."""
+    return sorted({int(s) for f in feats for s in f[:, 4] if s >= 2})
+
+
+def _knot_columns(f: np.ndarray, knots: Sequence[int]) -> np.ndarray:
+    """How many of a sample's groups have each knot's batch size."""
+    return np.array([float(np.sum(f[:, 4] == k)) for k in knots])
+
+
 def _predict(theta: np.ndarray, feats: list[np.ndarray]) -> np.ndarray:
-    u_l, u_a, u_m, t0, t_p, t_e = theta
+    u_l, u_a, u_m, t0, t_p = theta[:5]
+    knots = batch_knots(feats)
     return np.array([float(np.maximum(u_l * f[:, 0] + u_a * f[:, 1], u_m * f[:, 2]).sum()) + len(f) * t0
-                     + t_p * float(f[:, 3].sum()) + t_e * float(f[:, 4].sum()) for f in feats])
+                     + t_p * float(f[:, 3].sum()) + float(_knot_columns(f, knots) @ theta[5:]) for f in feats])
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -261,12 +273,12 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray | None = None,
               max_iter: int = 100) -> tuple[np.ndarray, float]:
-    """``theta = (u_lin, u_attn, u_mem, t_0, t_prefill, t_entry)`` minimising Σ ((predicted − t) / t)², all ≥ 0;
-    and that sum.
+    """``theta = (u_lin, u_attn, u_mem, t_0, t_prefill, b_S for S in batch_knots(feats))`` minimising
+    Σ ((predicted − t) / t)², all ≥ 0; and that sum.
 
-    ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes, prefill entries, entries]``; an all-zero
-    column fits 0). Alternates branch assignment and a
-    non-negative linear solve from several starts (all compute-bound, all memory-bound, ``init``).
+    ``feats[i]``: the groups of sample i (rows ``[lin, attn, bytes, prefill entries, entries]``). Alternates
+    branch assignment and a non-negative linear solve from several starts (all compute-bound, all memory-bound,
+    ``init``).
     """
     t = np.asarray(seconds, dtype=np.float64)
     if len(feats) != len(t) or len(t) < 4 or np.any(t <= 0):
@@ -276,15 +288,17 @@ def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray 
     def objective(theta: np.ndarray) -> float:
         return float(np.sum(((_predict(theta, feats) - t) * w) ** 2))
 
+    knots = batch_knots(feats)
+
     def solve(assign: list[np.ndarray]) -> np.ndarray:
-        a = np.zeros((len(t), 6))
+        a = np.zeros((len(t), 5 + len(knots)))
         for i, (f, comp) in enumerate(zip(feats, assign, strict=True)):
             a[i, 0] = f[comp, 0].sum()
             a[i, 1] = f[comp, 1].sum()
             a[i, 2] = f[~comp, 2].sum()
             a[i, 3] = len(f)
             a[i, 4] = f[:, 3].sum()
-            a[i, 5] = f[:, 4].sum()
+            a[i, 5:] = _knot_columns(f, knots)
         return _nnls(a * w[:, None], np.ones(len(t)))
 
     def assignment(theta: np.ndarray) -> list[np.ndarray]:
@@ -317,7 +331,7 @@ def fit_rates(feats: list[np.ndarray], seconds: np.ndarray, *, init: np.ndarray 
 
 
 def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_bandwidth: float | None = None,
-                     **changes: object) -> tuple[HardwareProfile, list[str]]:
+                     knots: Sequence[int] = (), **changes: object) -> tuple[HardwareProfile, list[str]]:
     """A calibrated copy of ``base`` whose cost model has the fitted rates (module docstring, step 3).
 
     A fitted memory cost of 0 (the memory branch never binds in the data) is expressed as the bandwidth
@@ -325,7 +339,8 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
     branch stays below 1 % of the compute branch of every measured step. A fitted compute or attention
     cost of 0 gets η = 1 at the (possibly raised) peak.
     """
-    u_l, u_a, u_m, t0, t_p, t_e = (float(x) for x in theta)
+    u_l, u_a, u_m, t0, t_p = (float(x) for x in theta[:5])
+    batch = tuple((int(k), float(b)) for k, b in zip(knots, theta[5:], strict=True))
     notes = []
     r_l = 1.0 / u_l if u_l > 0 else np.inf
     r_a = 1.0 / u_a if u_a > 0 else np.inf
@@ -345,8 +360,7 @@ def rates_to_profile(theta: np.ndarray, base: HardwareProfile, *, free_memory_ba
         compute_efficiency=float(min(1.0, r_l / peak)) if np.isfinite(r_l) else 1.0,
         attention_efficiency=float(min(1.0, r_a / peak)) if np.isfinite(r_a) else 1.0,
         memory_efficiency=float(min(1.0, r_m / bandwidth)) if np.isfinite(r_m) else 1.0,
-        step_overhead_s=float(t0), prefill_overhead_s=float(t_p), entry_overhead_s=float(t_e), calibrated=True,
-        **changes,
+        step_overhead_s=float(t0), prefill_overhead_s=float(t_p), batch_overhead_s=batch, calibrated=True, **changes,
     )
     return profile, notes
 
@@ -401,8 +415,10 @@ def fit_cost_model(
     cost0 = CostModel(model, base_p)
     points = _entries(samples)
     feats = [_features(cost0, p, execution) for p in points]
+    knots = batch_knots(feats)
     init = np.array([1 / cost0.lin_rate, 1 / cost0.attn_rate, 1 / cost0.mem_rate, cost0.overhead,
-                     cost0.prefill_overhead, cost0.entry_overhead])
+                     cost0.prefill_overhead, *(float(base_p.batch_overhead(k)) if base_p.batch_overhead_s else 0.0
+                                            for k in knots)])
     theta, _ = fit_rates(feats, samples["seconds"].to_numpy(np.float64), init=init)
     changes: dict = {"name": name or f"{base_p.name}-cal-{model.name}"}
     if description:
@@ -410,7 +426,7 @@ def fit_cost_model(
     compute = np.concatenate([theta[0] * f[:, 0] + theta[1] * f[:, 1] for f in feats])
     mem = np.concatenate([f[:, 2] for f in feats])
     free_bw = float(np.max(mem / np.maximum(compute, 1e-12)) / 0.01)
-    profile, notes = rates_to_profile(theta, base_p, free_memory_bandwidth=free_bw, **changes)
+    profile, notes = rates_to_profile(theta, base_p, free_memory_bandwidth=free_bw, knots=knots, **changes)
     cost = CostModel(model, profile)
     measured = samples["seconds"].to_numpy(np.float64)
     predicted = predict_seconds(cost, points, execution)
@@ -425,8 +441,9 @@ def fit_cost_model(
         pb = predict_seconds(cost, [p for p, m in zip(points, multi, strict=True) if m], "batched")
         batched_stats = residual_stats((pb - measured[multi]) / measured[multi])
         frame["batched_equation_s"] = predict_seconds(cost, points, "batched")
-    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s", "t_prefill_s", "t_entry_s"),
-                 (float(x) for x in theta), strict=True))
+    u = dict(zip(("u_lin_s_per_flop", "u_attn_s_per_flop", "u_mem_s_per_byte", "t0_s", "t_prefill_s"),
+                 (float(x) for x in theta[:5]), strict=True))
+    u.update({f"batch_overhead_s@{k}": float(b) for k, b in zip(knots, theta[5:], strict=True)})
     return CalibrationFit(profile, u, frame, stats, execution, notes, batched_stats)
 
 

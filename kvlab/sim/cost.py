@@ -11,7 +11,7 @@ and its duration is ::
     t_compute = (F_lin × T + F_head × S) / (peak × tp × η_lin) + F_pair × A / (peak × tp × η_attn)
     t_memory  = (B_weights + B_kv × K) / (bandwidth × tp × η_mem)
     t_comm    = [tp > 1] × (2 L × T × H × b × 2 (tp − 1) / tp / link + 2 L × latency)
-    t_step    = max(t_compute, t_memory) + t_comm + overhead + entry_overhead × S + prefill_overhead × P
+    t_step    = max(t_compute, t_memory) + t_comm + overhead + batch_overhead(S) + prefill_overhead × P
 
 with ``P`` the prefill entries (``n > 1`` or ``c = 0``; decode entries are ``(1, c > 0)``),
 ``F_lin`` = 2 × layer weights a token multiplies by, ``F_head`` = 2 × vocab × hidden, ``F_pair`` =
@@ -109,7 +109,7 @@ class CostModel:
         self.mem_rate = hw.memory_bandwidth * tp * hw.memory_efficiency
         self.overhead = hw.step_overhead_s
         self.prefill_overhead = hw.prefill_overhead_s
-        self.entry_overhead = hw.entry_overhead_s
+        self.batched_overhead = bool(hw.batch_overhead_s)  # a measured batch_overhead(S) table (calibrated)
         if tp > 1:
             if hw.interconnect_bandwidth <= 0:
                 raise ConfigError(f"tensor_parallel={tp} needs an interconnect bandwidth in {hw.name!r}")
@@ -136,8 +136,8 @@ class CostModel:
         t_compute = (self.f_lin * tokens + self.f_head * seqs) / self.lin_rate + self.f_pair * pairs / self.attn_rate
         t_memory = (self.b_weights + self.b_kv * kv_tokens) / self.mem_rate
         t = maximum(t_compute, t_memory) + (self.comm_per_token * tokens + self.comm_fixed) + self.overhead
-        if self.entry_overhead:  # (0 unless calibrated on batched steps: the sum stays bit-identical without it)
-            t = t + self.entry_overhead * seqs
+        if self.batched_overhead:  # (none unless calibrated on batched steps: bit-identical without it)
+            t = t + self.hardware.batch_overhead(seqs)
         return t
 
     def batch_totals(self, entries: Iterable[tuple[int, int]]) -> tuple[int, int, int, int]:
@@ -192,8 +192,8 @@ class CostModel:
         t_m = (wb + kb) / self.mem_rate
         t_comm = self.comm_per_token * tokens + self.comm_fixed
         return StepBreakdown(tokens, seqs, lin, attn, wb, kb, t_c, t_m, t_comm,
-                             self.overhead + self.entry_overhead * seqs + self.prefill_overhead * num_prefills(entries),
-                             self.duration(entries))
+                             self.overhead + float(self.hardware.batch_overhead(seqs) if self.batched_overhead else 0)
+                             + self.prefill_overhead * num_prefills(entries), self.duration(entries))
 
     def prefill(self, num_tokens: int, cached: int = 0) -> StepBreakdown:
         """One request's prefill of ``num_tokens`` new tokens after ``cached`` reused ones, alone in a step."""

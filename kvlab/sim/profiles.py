@@ -330,10 +330,11 @@ class HardwareProfile(_JsonProfile):
     ``attention_efficiency`` for attention FLOPs, ``memory_efficiency`` for weight and KV traffic.
     ``step_overhead_s`` is added once per step (scheduling, launch, sampling); ``prefill_overhead_s`` once
     per prefill entry of a step (a sequence computing more than one token, or its first: gathering its
-    cached context, writing new KV into the pool; 0 unless calibrated); ``entry_overhead_s`` once per entry
-    of a step, prefill or decode (per-sequence work a batched engine does once per sequence: its attention
-    call, sampling; on a CPU, BLAS reading the LM head once per logit row below a few rows; 0 unless
-    calibrated on batched steps); ``collective_latency_s`` once per all-reduce under tensor parallelism.
+    cached context, writing new KV into the pool; 0 unless calibrated); ``batch_overhead_s`` the extra seconds
+    of a step of ``S`` entries over the equation (per-sequence work of a batched engine: attention calls,
+    sampling; on a CPU, BLAS kernels that price 2-4 logit rows unevenly), measured at knots ``(S, seconds)``
+    with ``S >= 2`` and interpolated through ``(1, 0)`` (:meth:`batch_overhead`; empty unless calibrated on
+    batched steps); ``collective_latency_s`` once per all-reduce under tensor parallelism.
     """
 
     KIND: ClassVar[str] = HARDWARE_KIND
@@ -353,7 +354,7 @@ class HardwareProfile(_JsonProfile):
     step_overhead_s: float = 0.001
     collective_latency_s: float = 1e-05
     prefill_overhead_s: float = 0.0
-    entry_overhead_s: float = 0.0
+    batch_overhead_s: tuple[tuple[int, float], ...] = ()
     calibrated: bool = False
     description: str = ""
     source: str = ""
@@ -365,8 +366,29 @@ class HardwareProfile(_JsonProfile):
         for f in ("compute_efficiency", "attention_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ConfigError(f"hardware profile {self.name!r}: {f} must be in (0, 1]")
-        if min(self.step_overhead_s, self.collective_latency_s, self.prefill_overhead_s, self.entry_overhead_s) < 0:
+        if min(self.step_overhead_s, self.collective_latency_s, self.prefill_overhead_s) < 0:
             raise ConfigError(f"hardware profile {self.name!r}: overheads must be >= 0")
+        try:
+            knots = tuple(sorted((int(s), float(t)) for s, t in self.batch_overhead_s))
+        except (TypeError, ValueError):
+            raise ConfigError(f"hardware profile {self.name!r}: batch_overhead_s must be [entries, seconds] pairs, "
+                              f"got {self.batch_overhead_s!r}") from None
+        if any(s < 2 or t < 0 for s, t in knots) or len({s for s, _ in knots}) != len(knots):
+            raise ConfigError(f"hardware profile {self.name!r}: batch_overhead_s needs distinct entries >= 2 and "
+                              f"seconds >= 0, got {list(knots)}")
+        object.__setattr__(self, "batch_overhead_s", knots)  # JSON lists -> sorted tuples (frozen dataclass)
+
+    def batch_overhead(self, entries):  # noqa: ANN001, ANN201 - an int or an int array in, the same shape out
+        """Extra seconds of a step of ``entries`` sequences (``batch_overhead_s``): piecewise linear through
+        ``(1, 0)`` and the knots, along the last segment past the last knot, never below 0."""
+        import numpy as np
+
+        xs = np.array([1] + [s for s, _ in self.batch_overhead_s], dtype=np.float64)
+        ys = np.array([0.0] + [t for _, t in self.batch_overhead_s])
+        e = np.asarray(entries, dtype=np.float64)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(e > xs[-1], ys[-1] + (e - xs[-1]) * slope, np.interp(e, xs, ys))
+        return np.maximum(out, 0.0)
 
     @property
     def ridge_point(self) -> float:
