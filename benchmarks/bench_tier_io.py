@@ -10,13 +10,18 @@ block layout (default: Llama-3-8B, 16-token blocks of 2 MiB; chunks of 1 and 16 
 * ``read_direct``: an ``O_DIRECT`` read of the whole file (the device alone: no page cache, no checksum); not
   measured where the file system refuses O_DIRECT (said so in the output);
 * ``dram copy``: a host memcpy of the same bytes (on a CPU-only machine, that is all a DRAM tier does; host to
-  device bandwidth comes only from benchmarks/gpu_check.sh on a GPU).
+  device bandwidth comes only from benchmarks/gpu_check.sh on a GPU);
+* ``--engine SHAPE``: the engine's real TTFT (``prefill_s``) of a prompt whose prefix is computed (``miss``), hit
+  on the device, or loaded from a DRAM or disk tier (warm, or cold after dropping the files' pages), per prefix
+  length (``--prefix``), random-weight model ``SHAPE`` (e.g. ``cpu-bench``), one torch thread, verify on the last
+  repeat (kvlab.engine.tiers.measure.measure_tier_ttft).
 
 Prints MB/s (10^6 bytes/s) and median / p90 latency per op, the disk profiles fitted through the sizes
 (``latency_s + bytes / bandwidth_Bps``) and, in the JSON written to ``--out``, ``medium_preset``: the fields of a
 simulator medium preset (kvlab.tiers.timing) from the cold reads and the writes.
 
-Run: ``python benchmarks/bench_tier_io.py [--dir DIR] [--chunks 1,16] [--ops 12] [--out results/bench_tier_io.json]``.
+Run: ``python benchmarks/bench_tier_io.py [--dir DIR] [--chunks 1,4,16] [--ops 12] [--engine cpu-bench]
+[--prefix 256,1024] [--out results/bench_tier_io.json]``.
 """
 
 from __future__ import annotations
@@ -26,14 +31,25 @@ import json
 import platform
 from pathlib import Path
 
-from kvlab.engine.tiers.measure import LLAMA3_8B, OPS, disk_profile, measure_disk, measure_dram, medium_preset
+from kvlab.engine.tiers.measure import (
+    LLAMA3_8B,
+    OPS,
+    disk_profile,
+    measure_disk,
+    measure_dram,
+    measure_tier_ttft,
+    medium_preset,
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: the temp dir)")
-    ap.add_argument("--chunks", default="1,16", help="blocks per op, comma-separated")
+    ap.add_argument("--chunks", default="1,4,16", help="blocks per op, comma-separated")
     ap.add_argument("--ops", type=int, default=12, help="files per size")
+    ap.add_argument("--engine", default=None, help="random-model shape for the TTFT-by-source table (cpu-bench)")
+    ap.add_argument("--prefix", default="256,1024", help="prefix tokens for --engine, comma-separated")
+    ap.add_argument("--repeats", type=int, default=5, help="--engine repeats per cell")
     ap.add_argument("--out", default="results/bench_tier_io.json")
     args = ap.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]
@@ -61,11 +77,29 @@ def main() -> None:
     for op, p in profiles.items():
         print(f"disk profile {op:<12} latency {p['latency_s'] * 1e3:7.3f} ms, bandwidth {p['bandwidth_Bps'] / 1e9:6.2f}"
               " GB/s")
+    ttft = []
+    if args.engine:
+        import torch
+
+        from kvlab.engine import build_random_model
+
+        torch.set_num_threads(1)
+        model = build_random_model(args.engine, seed=0)
+        ttft = measure_tier_ttft(model, prefix_tokens=[int(p) for p in args.prefix.split(",")], repeats=args.repeats,
+                                 directory=args.dir, num_threads=1)
+        print(f"engine TTFT by prefix source ({args.engine}, fp32, 1 thread; best / median of {args.repeats}, ms)")
+        print(f"{'prefix':>7} {'KV MiB':>7}" + "".join(f"{s:>18}" for s in dict.fromkeys(r["source"] for r in ttft)))
+        for p in dict.fromkeys(r["prefix_tokens"] for r in ttft):
+            cells = [r for r in ttft if r["prefix_tokens"] == p]
+            print(f"{p:>7} {cells[0]['kv_bytes'] / 2**20:>7.1f}" + "".join(
+                f"{r['ttft_min_s'] * 1e3:>10.1f} / {r['ttft_median_s'] * 1e3:<6.1f}" for r in cells))
+        bad = [r for r in ttft if not r["verify_passed"]]
+        print("verify: all passed" if not bad else f"verify FAILED: {bad}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     record = {"disk": disk, "dram": dram, "profiles": profiles, "medium_preset": medium_preset(disk),
-              "host": platform.node()}
+              "engine_ttft": ttft, "host": platform.node()}
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(out)
     print(f"wrote {out}")

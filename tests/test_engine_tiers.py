@@ -218,3 +218,13 @@ def test_disk_profile_fits_latency_and_bandwidth():
     assert prof["source"].startswith("measured read_cold")
     preset = medium_preset(measured)
     assert preset["write_bandwidth"] == pytest.approx(5e8) and preset["kind"] == "medium"
+
+
+def test_tier_ttft_measurement_runs_every_source(model, tmp_path):
+    from kvlab.engine.tiers.measure import SOURCES, measure_tier_ttft
+
+    rows = measure_tier_ttft(model, prefix_tokens=(32,), tail_tokens=8, block_size=8, repeats=1, directory=tmp_path,
+                             num_threads=1)
+    assert [r["source"] for r in rows] == list(SOURCES)
+    assert [r["hit_tokens"] for r in rows] == [0, 32, 32, 32, 32] and all(r["verify_passed"] for r in rows)
+    assert not os.listdir(tmp_path)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kvlab.engine.kv_pool import KVLayout
@@ -168,3 +169,60 @@ def medium_preset(measured: dict, read: str = "read_cold") -> dict:
             "write_bandwidth": w["bandwidth_Bps"], "queue_depth": 1, "calibrated": True,
             "description": f"kvlab DiskStore on {measured['directory']} ({read}, write with fsync)",
             "source": r["source"]}
+
+
+SOURCES = ("miss", "device", "dram", "disk_warm", "disk_cold")
+
+
+def measure_tier_ttft(model: torch.nn.Module, *, prefix_tokens: Sequence[int] = (256, 1024), tail_tokens: int = 16,
+                      block_size: int = 16, repeats: int = 3, directory: str | os.PathLike | None = None,
+                      num_threads: int | None = 2) -> list[dict]:
+    """Real TTFT (the engine's ``prefill_s``) of a prompt whose first ``P`` tokens (a multiple of
+    ``block_size``) are served by each source: ``miss`` (computed), ``device`` (pool hits), ``dram`` / ``disk``
+    (loaded from a tier; the device cache is reset after the priming request; ``disk_cold`` drops the tier
+    files' pages first). A fresh random prefix per repeat; the tail (``tail_tokens``) is always computed.
+    One row per (prefix, source): median, best and every repeat's seconds, hit tokens, verify of the last
+    repeat."""
+    from kvlab.engine.driver import Engine
+    from kvlab.engine.request import Request
+    from kvlab.tiers import Tier
+
+    rng = np.random.default_rng(0)
+    vocab = int(model.config.vocab_size)
+    warm = Engine(model, capacity_blocks=-(-(max(prefix_tokens) + tail_tokens) // block_size), block_size=block_size,
+                  num_threads=num_threads)
+    for n in (*prefix_tokens, max(prefix_tokens) + tail_tokens):  # first calls of each size are slow
+        warm.release(warm.prefill(Request(rng.integers(0, vocab, n))).state)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvlab-tier-ttft-", dir=directory) as tmp:
+        for p in prefix_tokens:
+            blocks = -(-(p + tail_tokens) // block_size)
+            for source in SOURCES:
+                tier = {"dram": "dram", "disk_warm": "ssd", "disk_cold": "ssd"}.get(source)
+                where = Path(tmp) / f"{source}-{p}" if tier == "ssd" else None
+                eng = Engine(model, capacity_blocks=2 * blocks + 2, block_size=block_size, num_threads=num_threads,
+                             tiers=[Tier(name=tier, capacity_blocks=4 * blocks)] if tier else None, tier_dir=where)
+                secs, hits, passed = [], [], None
+                for r in range(repeats + 1):  # the first round warms up (allocator, kernels)
+                    prefix = rng.integers(0, vocab, p)
+                    prime = eng.prefill(Request(np.concatenate([prefix, rng.integers(0, vocab, tail_tokens)])))
+                    eng.release(prime.state)
+                    if source != "device":
+                        eng.cache.reset()  # the device forgets; a tier keeps its copy
+                    if source == "disk_cold":
+                        for f in where.glob("*.kvb"):
+                            _drop(f)
+                    res = eng.prefill(Request(np.concatenate([prefix, rng.integers(0, vocab, tail_tokens)])))
+                    if r:
+                        secs.append(res.prefill_s)
+                        hits.append(res.hit_tokens)
+                    if r == repeats:
+                        passed = bool(eng.verify(res.state).passed)
+                    eng.release(res.state)
+                if eng.tier_io is not None:
+                    eng.tier_io.close()
+                rows.append({"prefix_tokens": p, "source": source, "ttft_median_s": statistics.median(secs),
+                             "ttft_min_s": min(secs),
+                             "ttft_s": secs, "hit_tokens": hits[-1], "verify_passed": passed,
+                             "kv_bytes": p * eng.layout.bytes_per_token})
+    return rows
