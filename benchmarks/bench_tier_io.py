@@ -9,8 +9,9 @@ block layout (default: Llama-3-8B, 16-token blocks of 2 MiB; chunks of 1 and 16 
 * ``read_cold``: the same after ``posix_fadvise(DONTNEED)`` dropped the file's pages (from the device);
 * ``read_direct``: an ``O_DIRECT`` read of the whole file (the device alone: no page cache, no checksum); not
   measured where the file system refuses O_DIRECT (said so in the output);
-* ``dram copy``: a host memcpy of the same bytes (on a CPU-only machine, that is all a DRAM tier does; host to
-  device bandwidth comes only from benchmarks/gpu_check.sh on a GPU);
+* ``dram copy``: a host memcpy of the same bytes (on a CPU-only machine, that is all a DRAM tier does);
+  ``--device cuda``: ``dram h2d`` / ``dram d2h``, copies between page-locked host memory (a DramStore's on
+  CUDA) and the GPU, synchronised: a DRAM tier's load and store;
 * ``--engine SHAPE``: the engine's real TTFT (``prefill_s``) of a prompt whose prefix is computed (``miss``), hit
   on the device, or loaded from a DRAM or disk tier (warm, or cold after dropping the files' pages), per prefix
   length (``--prefix``), random-weight model ``SHAPE`` (e.g. ``cpu-bench``), one torch thread, verify on the last
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: the temp dir)")
     ap.add_argument("--chunks", default="1,4,16", help="blocks per op, comma-separated")
     ap.add_argument("--ops", type=int, default=12, help="files per size")
+    ap.add_argument("--device", default="cpu", help="the pool's device: cpu, or cuda (pinned host <-> device copies)")
     ap.add_argument("--engine", default=None, help="random-model shape for the TTFT-by-source table (cpu-bench)")
     ap.add_argument("--prefix", default="256,1024", help="prefix tokens for --engine, comma-separated")
     ap.add_argument("--repeats", type=int, default=5, help="--engine repeats per cell")
@@ -55,7 +57,7 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",")]
 
     disk = measure_disk(args.dir, chunks=chunks, ops=args.ops)
-    dram = measure_dram(chunks=chunks)
+    dram = measure_dram(chunks=chunks, device=args.device)
     print(f"disk tier in {disk['directory']} ({platform.node()}), block {LLAMA3_8B.bytes_per_block / 2**20:g} MiB "
           f"(Llama-3-8B, 16 tokens); cold reads: {disk['cold_method']}; "
           f"{disk.get('read_direct', 'O_DIRECT reads measured')}")
@@ -69,9 +71,11 @@ def main() -> None:
         print(f"{'(xxh3 checksum':<15}{size['chunk_blocks']:>7}{size['bytes_per_op'] / 2**20:>8.0f}"
               f"{size['checksum_GBps'] * 1e3:>10.0f})")
     for size in dram["sizes"].values():
-        s = size["copy"]
-        print(f"{'dram copy':<15}{size['chunk_blocks']:>7}{s['bytes_per_op'] / 2**20:>8.0f}{s['MBps']:>10.0f}"
-              f"{s['median_s'] * 1e3:>11.2f}{s['p90_s'] * 1e3:>9.2f}")
+        for name in ("copy", "h2d", "d2h"):
+            if name in size:
+                s = size[name]
+                print(f"{'dram ' + name:<15}{size['chunk_blocks']:>7}{s['bytes_per_op'] / 2**20:>8.0f}"
+                      f"{s['MBps']:>10.0f}{s['median_s'] * 1e3:>11.2f}{s['p90_s'] * 1e3:>9.2f}")
     profiles = {op: disk_profile(disk, op) for op in ("read_cold", "read_warm", "read_direct", "write")
                 if any(op in s for s in disk["sizes"].values())}
     for op, p in profiles.items():
@@ -84,10 +88,12 @@ def main() -> None:
         from kvlab.engine import build_random_model
 
         torch.set_num_threads(1)
-        model = build_random_model(args.engine, seed=0)
+        model = build_random_model(args.engine, seed=0, device=args.device)
         ttft = measure_tier_ttft(model, prefix_tokens=[int(p) for p in args.prefix.split(",")], repeats=args.repeats,
                                  directory=args.dir, num_threads=1)
-        print(f"engine TTFT by prefix source ({args.engine}, fp32, 1 thread; best / median of {args.repeats}, ms)")
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        print(f"engine TTFT by prefix source ({args.engine}, {dtype}, {args.device}; best / median of {args.repeats}, "
+              "ms)")
         print(f"{'prefix':>7} {'KV MiB':>7}" + "".join(f"{s:>18}" for s in dict.fromkeys(r["source"] for r in ttft)))
         for p in dict.fromkeys(r["prefix_tokens"] for r in ttft):
             cells = [r for r in ttft if r["prefix_tokens"] == p]

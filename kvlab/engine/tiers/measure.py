@@ -124,19 +124,34 @@ def measure_disk(directory: str | os.PathLike | None = None, *, layout: KVLayout
     return out
 
 
-def measure_dram(*, layout: KVLayout = LLAMA3_8B, chunks: Sequence[int] = (1, 16), ops: int = 20) -> dict:
-    """Host copy timings of ``chunk`` blocks (a DRAM tier's store or load on a CPU engine: a memcpy)."""
-    out: dict = {"what": "host memcpy (torch copy_), CPU tensors: a DRAM tier on a CPU engine", "sizes": {}}
+def measure_dram(*, layout: KVLayout = LLAMA3_8B, chunks: Sequence[int] = (1, 16), ops: int = 20,
+                 device: str | torch.device = "cpu") -> dict:
+    """Copy timings of ``chunk`` blocks between a DRAM tier's host memory and the pool's ``device``: on the CPU
+    a host memcpy (``copy``); on CUDA, from page-locked host memory as a DramStore holds it, ``h2d`` (a load)
+    and ``d2h`` (a store), each synchronised."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    what = "pinned host <-> device copies" if cuda else "host memcpy (torch copy_): a DRAM tier on a CPU engine"
+    out: dict = {"what": what, "device": str(device), "sizes": {}}
     for c in chunks:
-        src = torch.randn((c, *layout.pool_shape(1)[1:])).to(layout.dtype)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        secs = []
-        for _ in range(ops):
-            t0 = time.perf_counter()
+        shape = (c, *layout.pool_shape(1)[1:])
+        host = torch.empty(shape, dtype=layout.dtype, pin_memory=cuda).copy_(torch.randn(shape))
+        dev = torch.empty_like(host, device=device)
+        pairs = {"h2d": (dev, host), "d2h": (host, dev)} if cuda else {"copy": (dev, host)}
+        row: dict = {"chunk_blocks": c}
+        for name, (dst, src) in pairs.items():
             dst.copy_(src)
-            secs.append(time.perf_counter() - t0)
-        out["sizes"][str(c)] = {"chunk_blocks": c, "copy": _stats(secs, c * layout.bytes_per_block)}
+            secs = []
+            for _ in range(ops):
+                if cuda:
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                dst.copy_(src, non_blocking=cuda)
+                if cuda:
+                    torch.cuda.synchronize(device)
+                secs.append(time.perf_counter() - t0)
+            row[name] = _stats(secs, c * layout.bytes_per_block)
+        out["sizes"][str(c)] = row
     return out
 
 
