@@ -84,7 +84,7 @@ UNITS: tuple[str, ...] = (
 
 ALL = DRIVERS
 SERVING = ("simulator", "engine-serving")
-TIERED = ("replay", "simulator")  # drivers that take tiers below the device
+TIERED = ("replay", "simulator", "engine", "engine-serving")  # drivers that take tiers below the device
 ENGINES = ("engine", "engine-serving")
 TIMED = ("simulator", "engine", "engine-serving")
 
@@ -228,9 +228,9 @@ METRICS: dict[str, Metric] = _table(
     _m("tier_bytes_hbm", "bytes", "tier_hits_hbm × kv_bytes_per_block: KV bytes the HBM hits served in place",
        SERVING),
     _m("device_token_hit_rate", "fraction", "Σ hit_tokens_device / Σ prompt tokens: the share served from the "
-       "device itself; plus every tier's hit_share it is token_hit_rate (with tiers)", ("replay", "simulator")),
+       "device itself; plus every tier's hit_share it is token_hit_rate (with tiers)", TIERED),
     _m("tiers", "list", "one entry per lower tier, the one below the device first: its configuration and counters "
-       "(the summary.json tiers[] table; with tiers)", ("replay", "simulator")),
+       "(the summary.json tiers[] table; with tiers)", TIERED),
     _m("ttft_load_mean_s", "s", "mean of ttft_load_s over admitted requests (with tiers)", ("simulator",)),
     _m("tier_stall_s", "s", "Σ tier_stall_s of the time series: step time spent waiting for write-back copies and "
        "overlapped loads, summed over instances (with tiers)", ("simulator",)),
@@ -290,9 +290,9 @@ COLUMNS: dict[str, Metric] = _table(
     _m("collisions", "blocks", "key hits refused because the block held other content (verify=True)", ("replay",)),
     _m("instance", "index", "serving instance the router assigned (instances > 1)", ("simulator",)),
     _m("hit_tokens_device", "tokens", "hit tokens found on the device (with tiers; plus every hit_tokens_<tier> it is "
-       "hit_tokens; serving: at the first admission)", ("replay", "simulator")),
+       "hit_tokens; serving: at the first admission)", TIERED),
     _m("hit_tokens_<tier>", "tokens", "hit tokens loaded from the lower tier named <tier> (one column per tier, "
-       "e.g. hit_tokens_dram; with tiers)", ("replay", "simulator")),
+       "e.g. hit_tokens_dram; with tiers)", TIERED),
     _m("lower_found_tokens", "tokens", "tokens found below the device at the first admission, loaded or not (with "
        "tiers)", ("simulator",)),
     _m("load_decision", "label", "none (nothing found below the device), load (all found loaded), partial (a prefix "
@@ -443,10 +443,22 @@ TIER_FIELDS: dict[str, Metric] = _table(
     _m("evictions", "blocks", "blocks this tier's policy evicted to make room for stores", TIERED),
     _m("moved_up_blocks", "blocks", "blocks dropped because the device now holds their key (inclusion "
        "exclusive)", TIERED),
-    _m("bytes_written", "bytes", "blocks_stored × kv_bytes_per_block (null without a model)", TIERED),
-    _m("bytes_read", "bytes", "loaded blocks × kv_bytes_per_block (null without a model)", TIERED),
+    _m("bytes_written", "bytes", "blocks_stored × kv_bytes_per_block (null without a model; the engine: its pool's "
+       "bytes per block)", TIERED),
+    _m("bytes_read", "bytes", "loaded blocks × kv_bytes_per_block (null without a model; the engine: its pool's "
+       "bytes per block)", TIERED),
     _m("write_amplification", "ratio", "bytes_written / bytes_read: bytes written per byte loaded back (null "
        "without a model or when nothing was loaded)", TIERED),
+    # the engine's real stores (kvlab.engine.tiers)
+    _m("store", "label", "where the engine keeps the tier's bytes: dram (host tensors) or disk (one file per slot "
+       "under tier_dir)", ENGINES),
+    _m("read_errors", "count", "slots found unreadable (corrupt, truncated, missing or stale file): a miss there, "
+       "dropped from the tier, the blocks recomputed, never served", ENGINES),
+    _m("write_errors", "count", "stores that failed (OSError: a full disk or quota, an I/O error): the key is not "
+       "stored", ENGINES),
+    _m("read_s", "s", "seconds of the tier's reads and checks at lookup and of its copies into the pool", ENGINES),
+    _m("write_s", "s", "seconds of the tier's stores: copies out of the pool, checksums, writes, fsync, rename",
+       ENGINES),
 )
 
 TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "summary.json tiers[]": TIER_FIELDS,

@@ -4,7 +4,8 @@ docs/metrics.md shows exactly those tables.
 
 Each driver runs once on a small token workload with every option that adds names (replay ``verify=True``,
 and again with two lower tiers and a model; simulator ``instances=2``, and again with two timed lower tiers;
-engine ``verify=True`` with adapters and decode), so the names it writes must be exactly the table entries
+engine ``verify=True`` with adapters and decode; the engine and engine serving again with a DRAM and a disk
+tier), so the names it writes must be exactly the table entries
 that list it, minus :data:`NOT_RUN` (names only an option these CPU tests cannot take produces). A written
 name belongs to a table entry by
 :func:`kvlab.metrics.table_name` (``hit_tokens_dram`` to ``hit_tokens_<tier>``); the fields of summary.json's
@@ -65,7 +66,7 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def outputs(model) -> dict[str, dict[str, set[str]]]:
+def outputs(model, tmp_path_factory) -> dict[str, dict[str, set[str]]]:
     """driver -> table file -> the names the driver wrote there."""
     rep = replay(workload(), capacity_blocks=8, block_size=8, backend="python", verify=True)
     tiered = replay(workload(), capacity_blocks=8, block_size=8, backend="python", model="llama-3-8b",
@@ -83,6 +84,12 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
         adapters.remove()
     srv = run_engine_serving(workload(), Engine(model, num_blocks=24, block_size=8, num_threads=1), timer="thread",
                              max_num_seqs=2, warmup=0, batched=True, verify=True)
+    eng_tiers = [Tier(name="dram", capacity_blocks=8, write="write_back"), Tier(name="ssd", capacity_blocks=32)]
+    eng_tiered = Engine(model, num_blocks=8, block_size=8, num_threads=1, tiers=eng_tiers,
+                        tier_dir=tmp_path_factory.mktemp("tiers")).run(workload())
+    srv_tiered = run_engine_serving(workload(), Engine(model, num_blocks=24, block_size=8, num_threads=1),
+                                    capacity_blocks=10, timer="thread", max_num_seqs=2, warmup=0, tiers=eng_tiers,
+                                    tier_dir=tmp_path_factory.mktemp("tiers"))
     out = {}
     for driver, res in zip(DRIVERS, (rep, sim, eng, srv), strict=True):
         files = {"summary.json": set(res.summary), "requests.parquet": set(res.requests.columns)}
@@ -96,6 +103,10 @@ def outputs(model) -> dict[str, dict[str, set[str]]]:
                         ("timeseries.parquet", sim_tiered.timeseries.columns)):
         out["simulator"][file] |= set(names)
     out["simulator"]["summary.json tiers[]"] = {k for t in sim_tiered.summary["tiers"] for k in t}
+    for driver, res in (("engine", eng_tiered), ("engine-serving", srv_tiered)):  # the engine's real tiers
+        out[driver]["summary.json"] |= set(res.summary)
+        out[driver]["requests.parquet"] |= set(res.requests.columns)
+        out[driver]["summary.json tiers[]"] = {k for t in res.summary["tiers"] for k in t}
     return {driver: {file: {table_name(n, TABLES[file]) or n for n in names} for file, names in files.items()}
             for driver, files in out.items()}
 
@@ -139,7 +150,7 @@ def test_tiered_replay_names(outputs):
     assert table_name("hit_tokens_device", COLUMNS) == "hit_tokens_device" and table_name("nope", COLUMNS) is None
     assert {"device_token_hit_rate", "tiers"} <= set(rep.summary) <= set(METRICS)
     for entry in rep.summary["tiers"]:
-        assert list(entry) == list(TIER_FIELDS)
+        assert list(entry) == [name for name, m in TIER_FIELDS.items() if "replay" in m.drivers]
         assert entry["bytes_written"] is not None
     shares = rep.summary["device_token_hit_rate"] + sum(t["hit_share"] for t in rep.summary["tiers"])
     assert shares == pytest.approx(rep.summary["token_hit_rate"])
