@@ -258,7 +258,7 @@ class Engine(PagedModel):
         t3 = t2 + times["forward_s"]
         state = _State(
             request=request, tokens=request.tokens.tolist(), blocks=kv.blocks, keys=kv.keys, cache=working,
-            logits=logits, emitted=[first], ctx=kv.ctx, hit_blocks=h, kv=kv,
+            logits=logits, emitted=[first], ctx=kv.ctx, hit_blocks=start // bs, kv=kv,
         )
         return PrefillResult(
             admitted=True, prompt_tokens=p, full_blocks=full, hit_blocks=start // bs, hit_tokens=min(start, p),
