@@ -120,18 +120,42 @@ def _serve_on_engine(args: argparse.Namespace, workload):
     )
 
 
+#: simulate's tier flags: each is the SimConfig field of the same name (``--tier``: ``tiers``)
+SIM_TIER_FIELDS = ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s",
+                   "kv_layout")
+
+
+def _flag_words(message: str) -> str:
+    """A SimConfig check's sentence with the tier fields it names spelled as their flags (``tier_overlap`` ->
+    ``--tier-overlap``, ``give tiers`` -> ``give --tier``); names already followed by their flag are kept."""
+    import re
+
+    from kvlab.schema import flag
+
+    for name in SIM_TIER_FIELDS:
+        message = re.sub(rf"(?<![\w.-]){name}\b(?! \(--)", flag(name), message)
+    return message.replace("give tiers too", "give --tier too")
+
+
 def _sim_config(args: argparse.Namespace):
     """The simulation's validated configuration (every flag checked before any work)."""
     from kvlab.sim.simulator import SimConfig
+    from kvlab.tiers import check_tiers, parse_tier
 
-    return SimConfig(
-        model=args.model, hardware=args.hardware, policy=args.policy, policy_params=_policy_params(args.policy_param),
-        capacity_blocks=args.capacity_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate,
-        time_scale=args.time_scale, block_size=args.block_size, tensor_parallel=args.tensor_parallel,
-        dtype=args.dtype, kv_dtype=args.kv_dtype, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
-        fast_forward=not args.no_fast_forward, instances=args.instances, router=args.router, seed=args.seed,
-    )
+    tiers = check_tiers([parse_tier(spec, "--tier") for spec in args.tier])
+    try:
+        return SimConfig(
+            model=args.model, hardware=args.hardware, policy=args.policy,
+            policy_params=_policy_params(args.policy_param), capacity_blocks=args.capacity_blocks,
+            gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate, time_scale=args.time_scale,
+            block_size=args.block_size, tensor_parallel=args.tensor_parallel, dtype=args.dtype,
+            kv_dtype=args.kv_dtype, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
+            fast_forward=not args.no_fast_forward, instances=args.instances, router=args.router, seed=args.seed,
+            tiers=tiers, **{name: getattr(args, name) for name in SIM_TIER_FIELDS},
+        )
+    except ConfigError as exc:
+        raise ConfigError(_flag_words(str(exc))) from None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -143,6 +167,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _selection(args.trace, args)
     config = _sim_config(args)
     if args.executor == "engine":
+        if config.tiers:
+            raise ConfigError("--tier: kvlab simulate --executor engine serves without tiers (the engine's tiers: "
+                              "kvlab.sim.engine_executor.run_engine_serving(tiers=, tier_dir=), docs/engine.md)")
         from kvlab.schema import validate_fields
 
         validate_fields("simulate", engine_threads=(Annotated[int, Field(ge=1, le=1024)], args.engine_threads))
@@ -154,17 +181,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _flagged("--dtype", load_model, config.model, dtype=config.dtype)
         _flagged("--kv-dtype", load_model, config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)
         _flagged("--hardware", load_hardware, config.hardware)
+        if config.tiers and config.block_size is not None:  # gib= sizes in range, before the trace is read
+            kv = load_model(config.model, dtype=config.dtype, kv_dtype=config.kv_dtype).kv_bytes_per_token
+            _flagged("--tier", lambda: [t.resolve(kv * config.block_size) for t in config.tiers])
     if args.out:
         check_output_location(args.out, kind="run")
     workload = _load(args)
     result = _serve_on_engine(args, workload) if args.executor == "engine" else simulate(
         workload, config, progress=not args.quiet)
-    s = result.summary
+    from kvlab.sweep import tier_row
+
+    s = {**result.summary, **tier_row(result.summary)}  # with tiers: <tier>_capacity_blocks, <tier>_hit_share
+    tiered = ("device_token_hit_rate", *tier_row(result.summary), "ttft_load_mean_s", "tier_stall_s",
+              "loaded_bytes") if config.tiers else ()
     for key in ("requests", "rejected_requests", "cost_model", "instances", "capacity_blocks", "block_size",
                 "policy", "time_scale", "token_hit_rate", "ideal_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                 "tpot_p50_s",
                 "prefill_throughput", "effective_prefill_throughput", "output_throughput", "evictions",
-                "preemptions", "readmission_hit_tokens", "makespan_s", "sim_seconds"):
+                "preemptions", "readmission_hit_tokens", "makespan_s", "sim_seconds", *tiered):
         value = s.get(key)
         text = f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
         print(f"{key:<30} {text}")
@@ -317,6 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--cache-at", default="schedule", choices=["schedule", "compute"],
                      help="when a computed block becomes findable (schedule = vLLM v1)")
     sim.add_argument("--no-fast-forward", action="store_true", help="step decode runs one by one (same results)")
+    sim.add_argument("--tier", action="append", default=[], metavar="SPEC",
+                     help="a tier below the device, repeatable, in order (as kvlab replay --tier, one size each; "
+                          "docs/tiers.md): NAME:blocks=N|gib=X[:write=...][:inclusion=...][:chunk=C]"
+                          "[:medium=M][:link=L]; medium=/link= (timing presets or a preset .json) time the tiers")
+    sim.add_argument("--max-load-tokens", type=int, default=None, metavar="N",
+                     help="at most N tokens of a request are loaded from the lower tiers (needs --tier)")
+    sim.add_argument("--load-or-recompute", action="store_true",
+                     help="load a lower-tier hit only where that beats recomputing it (timed tiers)")
+    sim.add_argument("--tier-overlap", action="store_true",
+                     help="loads run layer by layer beside the step's compute (timed tiers)")
+    sim.add_argument("--tier-prefetch", default="off", choices=["off", "best_effort", "wait_complete", "timeout"],
+                     help="prefetch the slowest tier into host memory while a request waits (timed tiers)")
+    sim.add_argument("--prefetch-timeout-s", type=float, default=1.0,
+                     help="--tier-prefetch timeout: the longest wait for a prefetch, seconds")
+    sim.add_argument("--kv-layout", default="layer", choices=["layer", "block"],
+                     help="transfer operations per layer (vLLM) or per chunk (layer-contiguous pages)")
     sim.add_argument("--root-seed", type=int, default=0)
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")
