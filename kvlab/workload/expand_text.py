@@ -9,7 +9,7 @@ spans; ``segments=True`` records them). The rule:
   MT-Bench reference answers) is tokenised **once**; blocks are cut from its token ids, never re-tokenised
   text, because BPE is not compositional: a span of ``block_size`` ids decodes to text that could re-encode
   to another count, while the ids themselves are exact. So each id yields exactly ``block_size`` tokens.
-* a block is ``pieces`` consecutive-in-block pieces of ``ceil(block_size / pieces)`` tokens (the last one
+* a block is ``pieces`` pieces of ``ceil(block_size / pieces)`` tokens (the last one
   cut short), each a non-overlapping span of the pool (pieces with equal ids are merged first). ``pieces`` is
   the smallest number for which the pool offers at least ``4 x`` as many piece tuples as the trace has
   distinct ids (1 when the pool holds enough whole blocks: the block is then one contiguous span of text).
@@ -47,15 +47,18 @@ from kvlab.workload.workload import Workload
 _TUPLES_PER_ID = 4  # at least this many piece tuples per distinct id: few redraws
 
 
-def _pieces(pool_ids: np.ndarray, block_size: int, n_ids: int) -> tuple[int, int, np.ndarray]:
-    """``(pieces per block, piece length in tokens, start of every distinct pool piece)``: the fewest pieces
-    for which the distinct pieces give at least ``_TUPLES_PER_ID`` tuples per id."""
-    for k in range(1, block_size + 1):
+def _pieces(pool_ids: np.ndarray, block_size: int, n_ids: int, pieces: int | None = None
+            ) -> tuple[int, int, np.ndarray]:
+    """``(pieces per block, piece length in tokens, start of every distinct pool piece)``: ``pieces``, else the
+    fewest pieces for which the distinct pieces give at least ``_TUPLES_PER_ID`` tuples per id."""
+    if pieces is not None and not 1 <= pieces <= block_size:
+        raise ConfigError(f"expand_with_text: pieces must be in [1, {block_size}], got {pieces}")
+    for k in range(pieces or 1, block_size + 1):
         length = math.ceil(block_size / k)
         spans = pool_ids[: (len(pool_ids) // length) * length].reshape(-1, length)
         if not len(spans):
             continue
-        _, first = np.unique(spans, axis=0, return_index=True)  # equal token contents merged
+        _, first = np.unique(_row_ids(spans), return_index=True)  # equal token contents merged
         if len(first) ** k >= _TUPLES_PER_ID * max(1, n_ids):
             return k, length, np.sort(first) * length
     raise ConfigError(f"expand_with_text: a {len(pool_ids)}-token text pool cannot give {n_ids} distinct blocks")
@@ -73,12 +76,13 @@ def _draw(keys: np.ndarray, k: int, n: int, attempt: int) -> np.ndarray:
 class BlockText:
     """The id -> token-block table of one expansion: ``tokens(ids)`` ``[len(ids), block_size]`` and ``text(id)``."""
 
-    def __init__(self, ids: np.ndarray, block_size: int, pool: TextPool, seed: int = 0) -> None:
+    def __init__(self, ids: np.ndarray, block_size: int, pool: TextPool, seed: int = 0, pieces: int | None = None
+                 ) -> None:
         self.block_size = block_size
         self.pool = pool
         self.seed = seed
         self.ids = np.unique(np.asarray(ids, dtype=np.int64))  # ascending distinct ids
-        k, length, self.piece_start = _pieces(pool.ids, block_size, len(self.ids))
+        k, length, self.piece_start = _pieces(pool.ids, block_size, len(self.ids), pieces)
         self.pieces, self.piece_tokens = k, length
         n = len(self.piece_start)
         keys = _block_keys(self.ids, seed)
@@ -119,18 +123,24 @@ def expand_with_text(
     text_dir: str | None = None,
     max_requests: int | None = None,
     segments: bool = False,
+    pieces: int | None = None,
 ) -> Workload:
     """A ``kind="tokens"`` copy of a ``kind="blocks"`` workload whose blocks are spans of real text (module
     docstring). ``tokenizer`` is a :func:`~kvlab.workload.tokenizer.load_tokenizer` spec; its identity goes to
     ``meta["tokenizer"]`` and the expansion's parameters to ``meta["expanded_text"]``. ``segments=True`` adds
     one ``history`` segment per block with its text (the decoded span). Every per-request column is kept.
+
+    ``pieces`` fixes the pieces per block (default: the fewest the trace's distinct ids need, so a block is one
+    contiguous span of text when the pool allows). The id -> text map depends on the seed, the pool and the
+    pieces (and, through rare redraws, on which ids collide); with ``pieces`` fixed, expanding ``head(n)``
+    gives the first ``n`` requests of the whole expansion (unless a redraw differs: checked in the tests).
     """
     if workload.kind != "blocks":
         raise ConfigError(f"expand_with_text needs a kind='blocks' workload, got kind={workload.kind!r}")
     w = workload.head(max_requests) if max_requests is not None else workload
     bs = int(w.block_size)
     pool = corpus_pool(tokenizer, text_dir)
-    table = BlockText(w.prompt_values, bs, pool, seed)
+    table = BlockText(w.prompt_values, bs, pool, seed, pieces)
     nblocks = np.diff(w.prompt_offsets)
     keep = np.full(len(w.prompt_values), bs, dtype=np.int64)  # tokens kept of each block
     has = nblocks > 0
