@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kvlab.errors import ConfigError
+from kvlab.workload import load_alibaba, load_mooncake
 from kvlab.workload.families import (
     FAMILIES,
     PRESETS,
@@ -28,7 +29,7 @@ from kvlab.workload.families import (
     generate,
     is_reasoning,
 )
-from kvlab.workload.families.base import corpus_pool, length_tokenizer
+from kvlab.workload.families.base import FITTED_OUTPUT_LENGTHS, corpus_pool, fit_lengths, length_tokenizer
 from kvlab.workload.families.chat import vllm_multi_turn
 from kvlab.workload.families.rag import document_text, musique_passages
 
@@ -161,7 +162,24 @@ def test_chat_history_grows_and_reuses(text_dir, bpe):
             assert kinds[0] == "system" and "history" in kinds and "output" in kinds and kinds[-1] == "user"
         for r in turns:
             if r.answer_source == "reference":
-                assert r.turn <= 2 and r.meta["mt_bench_record"] is not None
+                assert r.turn <= 2 and r.meta["record"] is not None
+
+
+def test_chat_from_a_local_conversation_file(text_dir, tmp_path):
+    rows = [{"id": "c0", "conversations": [
+        {"from": "human", "value": "What is a prefix cache?"}, {"from": "gpt", "value": "It keeps KV blocks."},
+        {"from": "human", "value": "And eviction?"}, {"from": "gpt", "value": "LRU drops the oldest block."}]}]
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(rows))
+    cfg = ChatConfig(n_sessions=2, questions="records", records_path=str(path), turns=LengthDist(value=3, min=1),
+                     tokenizer="byte", text_dir=text_dir)
+    reqs = generate(cfg)
+    first = [r for r in reqs if r.session == 0]
+    assert [r.messages[-1].parts[-1].text for r in first[:2]] == ["What is a prefix cache?", "And eviction?"]
+    assert [r.answer_source for r in first] == ["reference", "reference", "corpus"]
+    assert first[1].response[0].text == "LRU drops the oldest block." and first[1].output_tokens == 27
+    with pytest.raises(ConfigError, match="records_path"):
+        generate(ChatConfig(questions="records", text_dir=text_dir))
 
 
 def test_chat_arrival_processes(text_dir):
@@ -183,6 +201,19 @@ def test_fitted_output_lengths():
     assert x.min() >= 1 and x.max() <= 2000
     v = LengthDist(kind="lognormal", average=1000, median_ratio=0.85, max=5000).sample(rng, 50000)
     assert np.median(v) == pytest.approx(850, rel=0.05) and v.max() <= 5000
+
+
+@pytest.mark.parametrize("fit, rel", [("mooncake_conversation", "mooncake/conversation_trace.jsonl"),
+                                      ("mooncake_synthetic", "mooncake/synthetic_trace.jsonl"),
+                                      ("alibaba_traceA_sample", "alibaba/sample_traceA_multiturn_20.jsonl")])
+def test_cached_fits_match_the_traces(shared_file, fit, rel):
+    path = shared_file(rel)
+    w = load_mooncake(path) if fit.startswith("mooncake") else load_alibaba(path)
+    got, cached = fit_lengths(w.output_length, "x"), FITTED_OUTPUT_LENGTHS[fit]
+    assert got["levels"] == cached["levels"]
+    assert np.allclose(got["quantiles"], cached["quantiles"], atol=0.051)
+    assert got["mean"] == pytest.approx(cached["mean"], abs=0.01)
+    assert np.allclose(got["lognormal"], cached["lognormal"], atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------ presets

@@ -203,8 +203,10 @@ def _row_ids(mat: np.ndarray) -> np.ndarray:
         h = _mix64_(h, np.empty_like(h))
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
-    if not np.array_equal(mat, mat[first[inv]]):  # a hash collision: exact ids instead
-        inv = np.unique(mat, axis=0, return_inverse=True)[1].reshape(-1)
+    step = max(1, (1 << 20) // max(1, mat.shape[1]))  # check in chunks: temporaries of ~8 MB
+    for a in range(0, len(mat), step):
+        if not np.array_equal(mat[a : a + step], mat[first[inv[a : a + step]]]):  # a collision: exact ids
+            return np.unique(mat, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
     return inv.astype(np.int64)
 
 
@@ -244,6 +246,6 @@ def expansion_stats(original: Workload, expanded: Workload) -> pd.DataFrame:
             "mean_output_tokens": float(w.output_length.mean()) if len(w) else 0.0,
             "distinct_token_ids": int(len(np.unique(w.prompt_values))) if w.kind == "tokens" else None,
         }
-    frame = pd.DataFrame(cols).astype(object)  # counts stay ints, ratios floats
+    frame = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in cols.items()})  # ints stay ints
     frame.index.name = f"statistic (block size {bs} tokens)"
     return frame

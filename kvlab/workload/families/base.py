@@ -105,9 +105,24 @@ FITTED_OUTPUT_LENGTHS: dict[str, dict] = {
                   "(multi-turn; too small for the tail: prefer mooncake_conversation)",
     },
 }
-"""Output-length fits (tokens), computed once from ../shared/traces and cached here with their source: an
-empirical quantile table (sampled by inverse CDF, linear between levels) and, for reference, the lognormal
-``(mu, sigma)`` of ``log(output_length)``."""
+"""Output-length fits (tokens), computed once from ../shared/traces with :func:`fit_lengths` and cached here
+with their source (tests/test_families.py recomputes them): an empirical quantile table (sampled by inverse
+CDF, linear between levels) and, for reference, the lognormal ``(mu, sigma)`` of ``log(output_length)``."""
+
+
+FIT_LEVELS = (0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75, 80, 85, 90, 95, 97.5, 99, 99.9, 100)
+
+
+def fit_lengths(values: Sequence[int] | np.ndarray, source: str) -> dict:
+    """A :data:`FITTED_OUTPUT_LENGTHS` entry for ``values`` (tokens): quantiles at :data:`FIT_LEVELS` (numpy's
+    linear percentiles, rounded to 0.1), the mean and the lognormal ``(mu, sigma)`` of ``log(max(v, 1))``."""
+    v = np.asarray(values, dtype=np.float64)
+    if not len(v):
+        raise ConfigError("fit_lengths: no values")
+    logs = np.log(np.maximum(v, 1))
+    return {"levels": list(FIT_LEVELS), "quantiles": np.percentile(v, FIT_LEVELS).round(1).tolist(),
+            "mean": round(float(v.mean()), 2), "lognormal": (round(float(logs.mean()), 4), round(float(logs.std()), 4)),
+            "source": source}
 
 
 class LengthDist(Schema):

@@ -8,13 +8,17 @@ every earlier user turn (kind ``history``) and answer (kind ``output``), then th
 cache should find.
 
 Questions (``questions``): ``mt_bench`` (default) starts a session with an MT-Bench question and its
-follow-up; ``sharegpt`` uses ShareGPT first turns; later turns draw further real questions (ShareGPT). With
+follow-up; ``records`` with a conversation of ``records_path`` (any local JSON / JSONL / Parquet file of
+ShareGPT-style or OpenAI-chat rows, or a Hugging Face dataset name or folder through ``datasets``, offline:
+:mod:`kvlab.workload.sources`), its user turns in order and its assistant turns as reference answers;
+``sharegpt`` uses ShareGPT first turns; later turns draw further real questions (ShareGPT). With
 ``user_tokens`` set, user messages are instead spans of real text of that many tokens (the fixed-length
 requests of vLLM's and SGLang's benchmarks).
 
-Answers: an MT-Bench question with a GPT-4 reference answer uses it (``answer_source="reference"``, its
-length counted in tokens); every other answer is a span of real corpus text whose length is drawn from
-``output`` (fitted to the Mooncake conversation trace by default; ``answer_source="corpus"``).
+Answers: an MT-Bench question with a GPT-4 reference answer, or a record's own assistant turn, is used as
+it is (``answer_source="reference"``, its length counted in tokens); every other answer is a span of real
+corpus text whose length is drawn from ``output`` (fitted to the Mooncake conversation trace by default;
+``answer_source="corpus"``).
 
 Arrivals: ``schedule="sessions"``: sessions start by ``arrival`` and turn ``k + 1`` arrives after turn ``k``
 plus its decode time (``decode_s_per_token`` x output tokens) plus an exponential think time (mean
@@ -28,11 +32,13 @@ Presets (:data:`CHAT_PRESETS`) reproduce vLLM's ``benchmarks/multi_turn`` genera
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
 
+from kvlab.errors import ConfigError
 from kvlab.workload.families.base import (
     ArrivalProcess,
     FamilyConfig,
@@ -47,6 +53,7 @@ from kvlab.workload.families.base import (
     rng_of,
 )
 from kvlab.workload.render import Part
+from kvlab.workload.sources import hf_dataset_records, load_records
 
 
 class ChatConfig(FamilyConfig):
@@ -55,7 +62,8 @@ class ChatConfig(FamilyConfig):
     family: Literal["chat"] = "chat"
     n_sessions: Annotated[int, Field(ge=0)] = 100
     turns: LengthDist = LengthDist(kind="uniform", min=2, max=8)
-    questions: Literal["mt_bench", "sharegpt"] = "mt_bench"
+    questions: Literal["mt_bench", "sharegpt", "records"] = "mt_bench"
+    records_path: str | None = None  # questions="records": a local JSON/JSONL/Parquet file or a datasets name
     user_tokens: LengthDist | None = None  # None: real questions; else real text spans of this many tokens
     system_tokens: Annotated[int, Field(ge=0)] = 0
     system_text: str | None = None  # a given shared system prompt instead of system_tokens of corpus text
@@ -68,19 +76,36 @@ class ChatConfig(FamilyConfig):
     decode_s_per_token: Annotated[float, Field(ge=0)] = 0.02
 
 
+def _records(config: ChatConfig) -> list:
+    """The conversations sessions start from: MT-Bench's, or those of ``records_path``."""
+    if config.questions != "records":
+        return corpus(config.text_dir)["mt_bench"]
+    if config.records_path is None:
+        raise ConfigError("ChatConfig: questions='records' needs records_path (a file or a datasets name)")
+    path = Path(config.records_path)
+    if path.is_file() and path.suffix.lower() in (".json", ".jsonl", ".parquet", ".pq"):
+        recs = load_records(path)
+    else:
+        recs = hf_dataset_records(config.records_path)
+    recs = [r for r in recs if r.user_turns]
+    if not recs:
+        raise ConfigError(f"ChatConfig: {config.records_path}: no record with a user turn")
+    return recs
+
+
 def _session_questions(
-    config: ChatConfig, rng: np.random.Generator, n_turns: int, pool: TextPool, sharegpt: list[str], mt: list
+    config: ChatConfig, rng: np.random.Generator, n_turns: int, pool: TextPool, sharegpt: list[str], recs: list
 ) -> tuple[list[str], list[str | None], int | None]:
-    """The session's user messages and reference answers (None: none); the MT-Bench record used."""
+    """The session's user messages and reference answers (None: none); the record used (an index)."""
     if config.user_tokens is not None:
         lens = config.user_tokens.sample(rng, n_turns)
         return [pool.cut(rng, int(n)) for n in lens], [None] * n_turns, None
     users: list[str] = []
     refs: list[str | None] = []
     rec = None
-    if config.questions == "mt_bench":
-        rec = int(rng.integers(0, len(mt)))
-        turns = mt[rec].turns
+    if config.questions in ("mt_bench", "records"):
+        rec = int(rng.integers(0, len(recs)))
+        turns = recs[rec].turns
         for j, t in enumerate(turns):
             if t.role == "user" and len(users) < n_turns:
                 users.append(t.content)
@@ -97,7 +122,7 @@ def generate_chat(config: ChatConfig) -> list[GeneratedRequest]:
     rng = rng_of(config)
     pool = corpus_pool(config.tokenizer, config.text_dir)
     sharegpt = questions(config.text_dir, "sharegpt")
-    mt = corpus(config.text_dir)["mt_bench"]
+    recs = _records(config)
     system = config.system_text if config.system_text is not None else pool.cut(rng, config.system_tokens)
     n = config.n_sessions
     starts = config.arrival.times(rng, n) if config.schedule == "sessions" else np.zeros(n)
@@ -105,7 +130,7 @@ def generate_chat(config: ChatConfig) -> list[GeneratedRequest]:
     prefix_tokens = config.session_prefix.sample(rng, n)
     rows: list[dict] = []
     for s in range(n):
-        users, refs, rec = _session_questions(config, rng, int(n_turns[s]), pool, sharegpt, mt)
+        users, refs, rec = _session_questions(config, rng, int(n_turns[s]), pool, sharegpt, recs)
         head = (Message("system", (Part("system", system),)),) if system else ()
         prefix = pool.cut(rng, int(prefix_tokens[s]))
         history: list[Message] = []
@@ -120,7 +145,7 @@ def generate_chat(config: ChatConfig) -> list[GeneratedRequest]:
                 answer, source = pool.cut(rng, n_out), "corpus"
             rows.append({"messages": msgs, "arrival": t, "output_tokens": n_out, "session": s, "turn": k + 1,
                          "answer_source": source, "response": (Part("output", answer),),
-                         "meta": {"mt_bench_record": rec}})
+                         "meta": {"record": rec}})
             history += [Message("user", (*lead, Part("history", user))),
                         Message("assistant", (Part("output", answer),))]
             t += config.decode_s_per_token * n_out + float(rng.exponential(config.think_time_s))
