@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvlab.errors import ConfigError
-from kvlab.workload import load_alibaba, load_mooncake
+from kvlab.workload import load_alibaba, load_jsonl, load_mooncake, save_jsonl
 from kvlab.workload.families import (
     FAMILIES,
     PRESETS,
@@ -285,7 +285,7 @@ def test_mix_interleaves_by_arrival(text_dir):
     assert generate(MixConfig(**cfg.to_dict())) == reqs
 
 
-def test_family_workload_columns(text_dir, bpe):
+def test_family_workload_columns(text_dir, bpe, tmp_path):
     reqs = generate(RAGConfig(n_requests=12, k=3, text_dir=text_dir))
     w = family_workload(reqs, bpe, name="rag")
     assert len(w) == 12 and w.kind == "tokens" and w.output_offsets is None
@@ -295,3 +295,5 @@ def test_family_workload_columns(text_dir, bpe):
     assert w.meta["tokenizer"]["tokenizer"].startswith("kvlab-bpe")
     kinds = [s.kind for s in w.segment_spans(0)]
     assert kinds == ["system", "document", "document", "document", "user"]
+    back = load_jsonl(save_jsonl(w, tmp_path / "rag.jsonl"))  # segments and labels survive the native format
+    assert back.content_sha256 == w.content_sha256
