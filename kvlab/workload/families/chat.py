@@ -65,6 +65,7 @@ class ChatConfig(FamilyConfig):
     questions: Literal["mt_bench", "sharegpt", "records"] = "mt_bench"
     records_path: str | None = None  # questions="records": a local JSON/JSONL/Parquet file or a datasets name
     user_tokens: LengthDist | None = None  # None: real questions; else real text spans of this many tokens
+    user_instruction: str = ""  # with user_tokens: text that opens every user message (counted in its tokens)
     system_tokens: Annotated[int, Field(ge=0)] = 0
     system_text: str | None = None  # a given shared system prompt instead of system_tokens of corpus text
     session_prefix: LengthDist = const(0)
@@ -99,7 +100,9 @@ def _session_questions(
     """The session's user messages and reference answers (None: none); the record used (an index)."""
     if config.user_tokens is not None:
         lens = config.user_tokens.sample(rng, n_turns)
-        return [pool.cut(rng, int(n)) for n in lens], [None] * n_turns, None
+        head = config.user_instruction
+        n_head = pool.count(head) if head else 0
+        return [head + pool.cut(rng, int(n) - n_head) for n in lens], [None] * n_turns, None
     users: list[str] = []
     refs: list[str | None] = []
     rec = None
@@ -169,17 +172,20 @@ def _round_barrier(rows: list[dict], arrival: ArrivalProcess, rng: np.random.Gen
 def vllm_multi_turn(**changes: object) -> ChatConfig:
     """vLLM ``benchmarks/multi_turn/generate_multi_turn.json`` (vllm-project/vllm, read December 2026).
 
-    That file: 24 conversations; ``num_turns`` uniform 12..18 *messages* (rounded up to even: 6..9 user
-    turns); a common prefix of 500 tokens on every conversation; a per-conversation prefix lognormal with
-    average 1,000 tokens (median ratio 0.85), at most 5,000; user messages uniform 120..160 tokens; answers
-    uniform 80..120 tokens; text from one book (``pg1184.txt``) — here the shared corpus. The benchmark is
-    closed-loop (``--num-clients`` clients, no delay by default); here sessions start as a Poisson process at
-    1 per second with no think time.
+    That file: 24 conversations; ``num_turns`` uniform 12..18 *messages*, rounded up to even (6 user turns
+    with probability 1/7, 7, 8, 9 with 2/7 each; here uniform 6..9); a common prefix of 500 tokens on every
+    conversation; a per-conversation prefix lognormal with average 1,000 tokens (median ratio 0.85), at most
+    5,000 (vLLM also rescales its samples to that exact mean; here the distribution's mean); user messages
+    uniform 120..160 tokens, each opening with ``bench_dataset.py``'s "Please rewrite the following text and
+    add more content: "; answers uniform 80..120 tokens; text from one book (``pg1184.txt``) — here the
+    shared corpus. The benchmark is closed-loop (``--num-clients`` clients, no delay by default); here
+    sessions start as a Poisson process at 1 per second with no think time.
     """
     cfg = dict(
         n_sessions=24, turns=LengthDist(kind="uniform", min=6, max=9), system_tokens=500,
         session_prefix=LengthDist(kind="lognormal", average=1000, median_ratio=0.85, max=5000),
         user_tokens=LengthDist(kind="uniform", min=120, max=160), use_reference_answers=False,
+        user_instruction="Please rewrite the following text and add more content: ",
         output=LengthDist(kind="uniform", min=80, max=120), arrival=ArrivalProcess(process="poisson", rate=1.0),
         think_time_s=0.0,
     )
