@@ -10,8 +10,11 @@ import pytest
 from kvlab.errors import ConfigError
 from kvlab.replay import replay
 from kvlab.workload import load_alibaba, load_mooncake
-from kvlab.workload.expand_text import BlockText, block_reuse, expand_with_text, expansion_stats
+from kvlab.workload.expand_text import BlockText, block_reuse, expand_with_text, expansion_stats, trace_requests
+from kvlab.workload.families import family_workload
 from kvlab.workload.families.base import corpus_pool
+from kvlab.workload.render import Message, render_prompt
+from kvlab.workload.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +110,22 @@ def test_alibaba_content_ids(shared_file):
 def test_refuses_token_workloads(expanded):
     with pytest.raises(ConfigError, match="kind='blocks'"):
         expand_with_text(expanded)
+
+
+def test_trace_requests_keep_the_prefix_structure(mooncake):
+    w = mooncake.head(60)
+    reqs = trace_requests(w, tokenizer="byte")
+    assert len(reqs) == 60 and all(len(r.messages[0].parts) == len(w.prompt(i)) for i, r in enumerate(reqs))
+    assert reqs[0].messages[0].parts[0].kind == "user" and reqs[1].messages[0].parts[0].kind == "history"
+    tok = load_tokenizer("byte")
+    fw = family_workload(reqs, tok)
+    assert list(fw.output_length) == list(w.output_length)
+    # requests sharing k leading blocks share their rendered prompts at least through those blocks' text
+    for i in range(1, 60):
+        k = int(np.argmin(np.append(w.prompt(i)[: len(w.prompt(0))] == w.prompt(0)[: len(w.prompt(i))], False)))
+        assert k >= 1  # every conversation request starts with block 0
+        shared = render_prompt(tok, [Message("user", reqs[i].messages[0].parts[:k])], add_generation_prompt=False).ids
+        a, b = fw.prompt(0), fw.prompt(i)
+        n = min(len(a), len(b))
+        common = int(np.argmin(np.append(a[:n] == b[:n], False)))
+        assert common >= len(shared) - 1

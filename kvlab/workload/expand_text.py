@@ -173,6 +173,49 @@ def expand_with_text(
     )
 
 
+def trace_requests(
+    workload: Workload,
+    *,
+    tokenizer: str = "kvlab-bpe",
+    seed: int = 0,
+    text_dir: str | None = None,
+    max_requests: int | None = None,
+    pieces: int | None = None,
+) -> list:
+    """The expanded trace as :class:`~kvlab.workload.families.base.GeneratedRequest` s, for layout transforms
+    (which edit messages, then render and tokenise each prompt once).
+
+    Request ``i`` is one user message with one part per block, the block's text (the decoded span of
+    :func:`expand_with_text`): ``history`` for a block whose chained id an earlier request already had (reused
+    context), ``user`` for the others. Rendering re-tokenises the text, so block boundaries move by a few
+    tokens, but equal prefixes of blocks stay equal prefixes of text: the reuse is the trace's up to the
+    tokens around each prefix's end. ``session``/``turn``/``category`` come from the trace when it has them
+    (else the row, 1, ``"trace"``); ``answer_source`` is ``"none"``.
+    """
+    from kvlab.workload.families.base import GeneratedRequest, Message
+    from kvlab.workload.render import Part
+
+    w = workload.head(max_requests) if max_requests is not None else workload
+    e = expand_with_text(w, tokenizer=tokenizer, seed=seed, text_dir=text_dir, segments=True, pieces=pieces)
+    chained = w.prompt_values if w.meta.get("chained", True) else chain_block_ids(w.prompt_offsets, w.prompt_values)
+    seen: set[int] = set()
+    out = []
+    for i in range(len(w)):
+        a, b = int(w.prompt_offsets[i]), int(w.prompt_offsets[i + 1])
+        ids = chained[a:b].tolist()
+        parts = tuple(Part("history" if h in seen else "user", s.text) for h, s in zip(ids, e.segment_spans(i),
+                                                                                         strict=True))
+        seen.update(ids)
+        out.append(GeneratedRequest(
+            messages=(Message("user", parts),), arrival=float(w.arrival[i]), output_tokens=int(w.output_length[i]),
+            session=int(w.session[i]) if w.session is not None else i,
+            turn=int(w.turn[i]) if w.turn is not None and w.turn[i] > 0 else 1, tenant=0,
+            category=str(w.category[i]) if w.category is not None else "trace", answer_source="none",
+            meta={"request_id": int(w.request_id[i])},
+        ))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ statistics
 def _chained_full_blocks(w: Workload, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Prefix-chained ids of every request's *full* blocks (CSR offsets, ids) at ``block_size`` tokens."""
