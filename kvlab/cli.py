@@ -401,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="profile JSON (default: results/calibration/<model>-<device>.json)")
     cal.add_argument("--quiet", action="store_true")
     cal.set_defaults(func=cmd_calibrate)
+
+    from kvlab.layout.cli import add_parser as add_layout_study
+
+    add_layout_study(sub, common)
     return p
 
 

@@ -1,0 +1,154 @@
+"""Figures of the layout study (kvlab.layout.study), drawn from its tidy tables on a given axes, units on every axis.
+
+:func:`kvlab.plots.tiers.save_figure` writes them as PNG and PDF.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+
+from kvlab.workload.segments import SEGMENT_KINDS
+
+SERIES_STYLE = [("#4c72b0", "-", "o"), ("#dd8452", "--", "s"), ("#55a868", "-.", "^"), ("#c44e52", ":", "D"),
+                ("#8172b3", (0, (5, 1)), "v"), ("#937860", (0, (1, 1)), "P")]
+"""Colour, line style and marker of the n-th series: distinguishable in colour and in grey print."""
+KIND_COLORS = {"system": "#4c72b0", "tools": "#8172b3", "document": "#55a868", "history": "#dd8452",
+               "user": "#937860", "volatile": "#c44e52", "output": "#da8bc3"}
+CACHE_HATCH = ["", "//", "xx", ".."]
+
+
+def plot_boundary(boundary: pd.DataFrame, ax: Axes | None = None) -> Axes:
+    """Hit rate of the warm requests vs the position of the one volatile token, one step line per block size.
+
+    Every block from the one holding the volatile token on is lost, so the rate is ``floor(p / B) * B`` over the
+    prompt: a staircase whose steps are one block wide (drawn through the measured positions); the token-granular
+    cache (B = 1) is the diagonal."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (bs, part) in enumerate(boundary.groupby("block_size", sort=True)):
+        color, ls, marker = SERIES_STYLE[i % len(SERIES_STYLE)]
+        part = part.sort_values("position")
+        ax.plot(part["position"], part["hit_rate"], color=color, ls=ls, lw=1.3, marker=marker, ms=2.5,
+                label=f"block size {bs} token{'s' if bs > 1 else ''}")
+    ax.set_xlabel("position of the volatile token in the prompt (tokens)")
+    ax.set_ylabel("token hit rate of warm requests (fraction of prompt tokens)")
+    ax.set_xlim(0, None)
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="series", title_fontsize=8)
+    ax.set_title("A one-token change at position p loses every later block")
+    return ax
+
+
+def _layout_order(runs: pd.DataFrame, family: str) -> list[str]:
+    return list(dict.fromkeys(runs.loc[runs["family"] == family, "layout"]))
+
+
+def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
+    """Token hit rate per layout of ``family`` (horizontal bars, one per cache size), with the non-prefix reuse
+    bound drawn as an outlined extension: what position-independent reuse could at most add."""
+    rows = runs[runs["family"] == family]
+    layouts = _layout_order(runs, family)
+    caches = list(dict.fromkeys(rows["cache"]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.45 * len(layouts) * len(caches) + 1.2))
+    h = 0.8 / len(caches)
+    y = np.arange(len(layouts))
+    for j, cache in enumerate(caches):
+        part = rows[rows["cache"] == cache].set_index("layout").reindex(layouts)
+        color = SERIES_STYLE[j % len(SERIES_STYLE)][0]
+        pos = y - 0.4 + h * (j + 0.5)
+        ax.barh(pos, part["token_hit_rate"], h, color=color, hatch=CACHE_HATCH[j % len(CACHE_HATCH)],
+                edgecolor="white", label=f"hit rate, cache {cache}")
+        ax.barh(pos, part["nonprefix_bound_rate"], h, left=part["token_hit_rate"], fill=False,
+                edgecolor=color, lw=0.8, label=f"+ non-prefix bound, cache {cache}")
+    ax.set_yticks(y, layouts, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("token hit rate (fraction of prompt tokens)")
+    ax.set_ylabel("layout")
+    ax.set_xlim(0, 1)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{family}: hit rate per layout")
+    return ax
+
+
+def plot_ttft(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
+    """Mean TTFT (bars, ms of simulated time) and p90 (markers) per layout of ``family``, one series per cache."""
+    rows = runs[runs["family"] == family]
+    layouts = _layout_order(runs, family)
+    caches = list(dict.fromkeys(rows["cache"]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.45 * len(layouts) * len(caches) + 1.2))
+    h = 0.8 / len(caches)
+    y = np.arange(len(layouts))
+    for j, cache in enumerate(caches):
+        part = rows[rows["cache"] == cache].set_index("layout").reindex(layouts)
+        color, _, marker = SERIES_STYLE[j % len(SERIES_STYLE)]
+        pos = y - 0.4 + h * (j + 0.5)
+        ax.barh(pos, part["ttft_mean_s"] * 1e3, h, color=color, hatch=CACHE_HATCH[j % len(CACHE_HATCH)],
+                edgecolor="white", label=f"mean, cache {cache}")
+        ax.plot(part["ttft_p90_s"] * 1e3, pos, ls="none", marker=marker, color="k", ms=4,
+                mfc=color, label=f"p90, cache {cache}")
+    ax.set_yticks(y, layouts, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time to first token (ms, simulated)")
+    ax.set_ylabel("layout")
+    ax.set_xlim(0, None)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{family}: TTFT per layout")
+    return ax
+
+
+def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes | None = None) -> Axes:
+    """Stacked share of requests by the segment kind holding their first miss, per layout of ``family``."""
+    rows = first_miss[(first_miss["family"] == family) & (first_miss["cache"] == cache)]
+    layouts = list(dict.fromkeys(rows["layout"]))
+    table = rows.pivot_table(index="layout", columns="kind", values="share", aggfunc="sum", observed=False)
+    table = table.reindex(index=layouts, columns=list(SEGMENT_KINDS)).fillna(0.0)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.4 * len(layouts) + 1.4))
+    left = np.zeros(len(layouts))
+    y = np.arange(len(layouts))
+    for kind in SEGMENT_KINDS:
+        share = table[kind].to_numpy()
+        if share.any():
+            ax.barh(y, share, 0.75, left=left, color=KIND_COLORS[kind], label=kind)
+            left += share
+    ax.set_yticks(y, layouts, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("share of requests (fraction) by the segment of their first miss")
+    ax.set_ylabel("layout")
+    ax.set_xlim(0, 1)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.set_title(f"{family}, cache {cache}: where the first miss falls")
+    return ax
+
+
+def plot_gaps(gaps: pd.DataFrame, cache: str, axes: tuple[Axes, Axes] | None = None) -> tuple[Axes, Axes]:
+    """Per family, the best and worst layout's token hit rate (left) and mean TTFT (right, ms) at ``cache``."""
+    rows = gaps[gaps["cache"] == cache]
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 1.6))
+    y = np.arange(len(rows))
+    for ax, best, worst, scale, unit in ((axes[0], "best_hit_rate", "worst_hit_rate", 1.0,
+                                          "token hit rate (fraction of prompt tokens)"),
+                                         (axes[1], "best_ttft_mean_s", "worst_ttft_mean_s", 1e3,
+                                          "mean time to first token (ms, simulated)")):
+        b, w = rows[best].to_numpy() * scale, rows[worst].to_numpy() * scale
+        ax.hlines(y, np.minimum(b, w), np.maximum(b, w), color="grey", lw=2)
+        ax.plot(b, y, "o", color=SERIES_STYLE[2][0], ms=8, label="best layout")
+        ax.plot(w, y, "X", color=SERIES_STYLE[3][0], ms=8, label="worst layout")
+        ax.set_yticks(y, rows["family"])
+        ax.invert_yaxis()
+        ax.set_xlabel(unit)
+        ax.set_xlim(0, None)
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    axes[0].set_ylabel("workload family")
+    axes[0].set_title(f"best vs worst layout, cache {cache}")
+    return axes
