@@ -36,6 +36,10 @@ def cmd_layout_study(args: argparse.Namespace) -> int:
         print(f"{g.family:<14} cache {g.cache:<13} hit rate best {g.best_hit_rate:.3f} ({g.best_hit_layout}) "
               f"worst {g.worst_hit_rate:.3f} ({g.worst_hit_layout}); mean TTFT best {g.best_ttft_mean_s * 1e3:.1f} ms "
               f"({g.best_ttft_layout}) worst {g.worst_ttft_mean_s * 1e3:.1f} ms ({g.worst_ttft_layout})")
+    rejected = result.runs.groupby(["family", "cache"], sort=False)["rejected_requests"].max()
+    for (family, cache), n in rejected[rejected > 0].items():
+        print(f"warning: {family}, cache {cache}: up to {n} requests rejected (a prompt needs more blocks than the "
+              "cache holds; their TTFT is missing)")
     exact = bool((result.boundary["hit_tokens"] == result.boundary["kept_tokens"]).all())
     print(f"block boundary: {result.boundary['position'].nunique()} positions x "
           f"{result.boundary['block_size'].nunique()} block sizes; hits = floor(p / B) * B everywhere: {exact}")

@@ -46,7 +46,7 @@ from kvlab.workload.segments import SEGMENT_KINDS
 from kvlab.workload.tokenizer import TextTokenizer, load_tokenizer
 
 #: bumped when the study's numbers change for the same config (stale result folders are recomputed)
-STUDY_VERSION = 1
+STUDY_VERSION = 2
 
 
 @dataclass
@@ -169,17 +169,23 @@ def _run_row(req: pd.DataFrame, s: dict) -> dict:
             "token_hit_rate": s["token_hit_rate"], "ideal_hit_rate": s["ideal_hit_rate"],
             "nonprefix_bound_tokens": bound, "nonprefix_bound_rate": bound / prompt if prompt else 0.0,
             "ttft_mean_s": s["ttft_mean_s"], "ttft_p50_s": s["ttft_p50_s"], "ttft_p90_s": s["ttft_p90_s"],
-            "preemptions": s["preemptions"], "evictions": s["evictions"], "kv_bytes_per_block": s["kv_bytes_per_block"]}
+            "preemptions": s["preemptions"], "rejected_requests": s["rejected_requests"], "evictions": s["evictions"],
+            "kv_bytes_per_block": s["kv_bytes_per_block"]}
 
 
 def gaps(runs: pd.DataFrame) -> pd.DataFrame:
     """Per family and cache size, the best and worst layout: by token hit rate (highest, lowest; ``hit_gap`` =
     their difference, a fraction of prompt tokens) and by mean TTFT (lowest, highest; ``ttft_gap_s`` their
-    difference in seconds, ``ttft_ratio`` worst / best)."""
+    difference in seconds, ``ttft_ratio`` worst / best; NaN where the cache served no request: a cache smaller
+    than a request rejects it, ``runs.rejected_requests``)."""
     rows = []
     for (family, cache), part in runs.groupby(["family", "cache"], sort=False):
         hb, hw = part.loc[part["token_hit_rate"].idxmax()], part.loc[part["token_hit_rate"].idxmin()]
-        tb, tw = part.loc[part["ttft_mean_s"].idxmin()], part.loc[part["ttft_mean_s"].idxmax()]
+        served = part.dropna(subset=["ttft_mean_s"])  # a cache too small for every request serves none
+        if served.empty:
+            tb = tw = pd.Series({"layout": None, "ttft_mean_s": np.nan})
+        else:
+            tb, tw = served.loc[served["ttft_mean_s"].idxmin()], served.loc[served["ttft_mean_s"].idxmax()]
         rows.append({"family": family, "cache": cache, "cache_blocks": int(part["cache_blocks"].iloc[0]),
                      "layouts": len(part), "best_hit_layout": hb["layout"], "best_hit_rate": hb["token_hit_rate"],
                      "worst_hit_layout": hw["layout"], "worst_hit_rate": hw["token_hit_rate"],
