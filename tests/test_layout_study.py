@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
@@ -62,6 +63,7 @@ def test_layout_study_command_writes_tidy_results_and_resumes(tiny, tmp_path, ca
         tok = manifest["trace"]["tokenizer"]
         assert tok["tokenizer_sha256"] == bpe.sha256 and tok["template_sha256"] == bpe.template_sha256
         assert manifest["driver"] == "layout-study" and manifest["run_id"]
+        assert manifest["identity"]["config"]["tokenizer"]["template_sha256"] == bpe.template_sha256  # in the run id
     assert set(runs["tokenizer_sha256"]) == {bpe.sha256}
     assert result.gaps.iloc[0]["hit_gap"] >= 0 and len(result.gaps) == 2
 
@@ -72,6 +74,9 @@ def test_layout_study_command_writes_tidy_results_and_resumes(tiny, tmp_path, ca
     monkeypatch.setattr(study_mod, "boundary_sweep", no_work)
     again = run_study(out, LayoutStudyConfig.load(tiny))
     assert again.runs.equals(runs)
+    other = LayoutStudyConfig.parse({**yaml.safe_load(TINY), "tokenizer": "byte"})
+    with pytest.raises(AssertionError, match="recomputed"):  # another tokenizer (and template) is another run
+        run_study(out, other)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -13,8 +13,9 @@ and, where a checkpoint is configured, the likelihood of reference answers under
 
 Results (kvlab.results layout, reused while the identity matches): ``OUT/<family>/`` with tables ``requests``
 (one row per request x layout x cache size), ``runs`` (one row per layout x cache size) and ``first_miss``
-(requests per first-miss segment kind); ``OUT/boundary/`` with ``requests`` (the sweep). Every manifest's
-``trace`` carries the tokenizer identity (name, tokenizer and template sha256).
+(requests per first-miss segment kind); ``OUT/boundary/`` with ``requests`` (the sweep). The tokenizer identity
+(name, tokenizer and template sha256) is part of every run's identity (its config) and of its manifest's ``trace``:
+another tokenizer or template is another run.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
         reqs = config.generate(family)
         generated[family] = reqs
         trace = _trace(family, requests_sha256(reqs), len(reqs), tokenizer)
-        cfg = {"study_version": STUDY_VERSION, **config.family_identity(family)}
+        cfg = {"study_version": STUDY_VERSION, **config.family_identity(family), "tokenizer": tokenizer.identity()}
         identity = run_identity(cfg, trace)
         folder = out / safe_name(family)
         if not (resume and is_complete(folder, identity)):
@@ -203,7 +204,8 @@ def boundary_results(folder: Path, config: LayoutStudyConfig, tokenizer: TextTok
     b = config.boundary
     text = config.boundary_text(tokenizer)
     sha = hashlib.sha256(json.dumps([text, b.question]).encode()).hexdigest()
-    cfg = {"study_version": STUDY_VERSION, "boundary": b.to_dict(), "policy": "lru", "mode": "vllm"}
+    cfg = {"study_version": STUDY_VERSION, "boundary": b.to_dict(), "policy": "lru", "mode": "vllm",
+           "tokenizer": tokenizer.identity()}
     trace = _trace("boundary", sha, b.requests, tokenizer)
     identity = run_identity(cfg, trace)
     if not (resume and is_complete(folder, identity)):
