@@ -135,3 +135,18 @@ def test_answers_section_scores_reference_answers_with_a_local_checkpoint(tmp_pa
     table = result["table"]
     assert list(table["layout"]) == ["as_generated", "volatile_top"] and (table["requests"] == 2).all()
     assert table["loglik_per_token"].between(-20, 0).all()
+
+
+def test_a_hash_trace_expanded_into_text_is_a_study_family(tmp_path, shared_file):
+    """``family: trace``: the Alibaba sample expanded into real text (kvlab.workload.expand_text), laid out."""
+    trace = shared_file("alibaba/sample_traceA_multiturn_20.jsonl")
+    config = LayoutStudyConfig.parse({
+        "cache_blocks": [None], "common_layouts": ["as_generated", "volatile_top"],
+        "families": {"alibaba": {"family": "trace", "config": {"trace": str(trace), "max_requests": 12}}},
+        "boundary": {"prompt_tokens": 32, "block_sizes": [16]}})
+    result = run_study(tmp_path / "s", config)
+    runs = result.runs.set_index("layout")
+    assert list(runs.index) == ["as_generated", "volatile_top"] and (runs["requests"] == 12).all()
+    assert runs.loc["volatile_top", "token_hit_rate"] < runs.loc["as_generated", "token_hit_rate"]
+    with pytest.raises(ConfigError, match=r"families.a.config: trace family.trace: is required"):
+        LayoutStudyConfig.parse({"families": {"a": {"family": "trace"}}})

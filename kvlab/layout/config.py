@@ -64,13 +64,37 @@ QUICK_SIZES = {"system_prompt": {"n_requests": 40}, "rag": {"n_requests": 30}, "
 
 class FamilySpec(Schema):
     """One family of the study: ``family`` (a :data:`~kvlab.workload.families.FAMILIES` or
-    :data:`~kvlab.workload.families.PRESETS` name), its config fields, layouts besides the common ones."""
+    :data:`~kvlab.workload.families.PRESETS` name, or ``trace``: :class:`TraceFamilyConfig`), its config fields,
+    layouts besides the common ones."""
 
     label: ClassVar[str | None] = "family"
     family: str
     config: dict = Field(default_factory=dict)
     layouts: list = Field(default_factory=list)
     common: bool = True  # also the study's common_layouts (first)
+
+
+class TraceFamilyConfig(Schema):
+    """``family: trace``: a hash trace expanded into real text (:func:`kvlab.workload.expand_text.trace_requests`),
+    the first ``max_requests`` requests; ``trace`` a registry name or a file path."""
+
+    label: ClassVar[str | None] = "trace family"
+    family: str = "trace"
+    trace: str
+    format: str | None = None
+    max_requests: Annotated[int, Field(ge=1)] = 200
+    pieces: Annotated[int, Field(ge=1)] | None = None
+    seed: Seed = 0
+    tokenizer: str = "kvlab-bpe"
+    text_dir: str | None = None
+
+    def generate(self) -> list:
+        from kvlab.workload import load_trace
+        from kvlab.workload.expand_text import trace_requests
+
+        w = load_trace(self.trace, format=self.format)
+        return trace_requests(w, tokenizer=self.tokenizer, seed=self.seed, text_dir=self.text_dir,
+                              max_requests=self.max_requests, pieces=self.pieces)
 
 
 class BoundarySpec(Schema):
@@ -190,6 +214,8 @@ class LayoutStudyConfig(Schema):
         spec = self.families[name]
         where = f"families.{name}"
         try:
+            if spec.family == "trace":
+                return TraceFamilyConfig(**spec.config)
             if spec.family in FAMILIES:
                 return family_config(spec.family, **spec.config)
             if spec.family in PRESETS:
@@ -197,7 +223,7 @@ class LayoutStudyConfig(Schema):
         except ConfigError as e:
             msg = re.sub(r" \(--[\w-]+\)", "", str(e))  # the family's CLI flag names mean nothing in a file
             raise ConfigError(f"{where}.config: {msg}") from None
-        known = ", ".join(sorted({*FAMILIES, *PRESETS}))
+        known = ", ".join(sorted({*FAMILIES, *PRESETS, "trace"}))
         raise ConfigError(f"{where}.family: {spec.family!r} is not a workload family or preset (one of {known})")
 
     def layouts(self, name: str) -> list[Layout]:
@@ -223,7 +249,8 @@ class LayoutStudyConfig(Schema):
         """The generated requests of ``families[name]``."""
         from kvlab.workload.families import generate
 
-        return generate(self.family_config(name))
+        config = self.family_config(name)
+        return config.generate() if isinstance(config, TraceFamilyConfig) else generate(config)
 
     def family_identity(self, name: str) -> dict:
         """What decides one family's numbers besides its generated requests and the tokenizer."""
