@@ -98,7 +98,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_on_engine(args: argparse.Namespace, workload):
+def _serve_on_engine(args: argparse.Namespace, workload, config):
     """``simulate --executor engine``: the same scheduler driving the real engine (random-weight model)."""
     from kvlab.cache import pool_blocks
     from kvlab.engine import Engine, build_random_model
@@ -117,6 +117,7 @@ def _serve_on_engine(args: argparse.Namespace, workload):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate,
         time_scale=args.time_scale, cache_at=args.cache_at, hash=args.hash, root_seed=args.root_seed,
         timer=args.timer, seed=args.seed, progress=not args.quiet,
+        tiers=list(config.tiers) or None, tier_dir=args.tier_dir, max_load_tokens=config.max_load_tokens,
     )
 
 
@@ -166,10 +167,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     _selection(args.trace, args)
     config = _sim_config(args)
+    if args.tier_dir is not None and (args.executor != "engine" or not config.tiers):
+        raise ConfigError("--tier-dir: a real disk tier needs --executor engine and --tier")
     if args.executor == "engine":
-        if config.tiers:
-            raise ConfigError("--tier: kvlab simulate --executor engine serves without tiers (the engine's tiers: "
-                              "kvlab.sim.engine_executor.run_engine_serving(tiers=, tier_dir=), docs/engine.md)")
+        timed = [flag for flag, on in (("--load-or-recompute", args.load_or_recompute),
+                                       ("--tier-overlap", args.tier_overlap),
+                                       ("--tier-prefetch", args.tier_prefetch != "off"),
+                                       ("--tier medium=/link=", any(t.medium or t.link for t in config.tiers)))
+                 if on]
+        if timed:
+            raise ConfigError(f"{timed[0]}: tier timing is the cost model's; --executor engine moves the real bytes "
+                              "(its loads take the time they take: docs/engine.md 'Real tiers in the engine')")
         from kvlab.schema import validate_fields
 
         validate_fields("simulate", engine_threads=(Annotated[int, Field(ge=1, le=1024)], args.engine_threads))
@@ -187,7 +195,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         check_output_location(args.out, kind="run")
     workload = _load(args)
-    result = _serve_on_engine(args, workload) if args.executor == "engine" else simulate(
+    result = _serve_on_engine(args, workload, config) if args.executor == "engine" else simulate(
         workload, config, progress=not args.quiet)
     from kvlab.sweep import tier_row
 
@@ -367,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--tier-prefetch timeout: the longest wait for a prefetch, seconds")
     sim.add_argument("--kv-layout", default="layer", choices=["layer", "block"],
                      help="transfer operations per layer (vLLM) or per chunk (layer-contiguous pages)")
+    sim.add_argument("--tier-dir", type=Path, default=None, metavar="DIR",
+                     help="--executor engine: the last --tier is a real disk tier in DIR (kvlab's own folder: created "
+                          "if absent, refused if it holds files kvlab did not write); the others are DRAM")
     sim.add_argument("--root-seed", type=int, default=0)
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--out", type=Path, default=None, help="results folder (written atomically)")

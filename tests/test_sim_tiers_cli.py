@@ -97,3 +97,32 @@ def test_bad_tier_flags_exit_2_with_one_line_naming_the_flag_before_the_trace_is
     line = _error(capsys, ["simulate", str(missing), *BASE, *extra, "--out", str(tmp_path / "run")])
     assert all(w in line for w in words), line
     assert "no-such-trace" not in line and not (tmp_path / "run").exists()
+
+
+def test_engine_executor_serves_from_real_dram_and_disk_tiers(tmp_path, capsys):
+    """``--executor engine --tier ... --tier-dir DIR``: the real engine under the scheduler loads reused blocks
+    from a DRAM tier and a disk tier in DIR (the tiers' bytes are real; kvlab.engine.tiers), with the same tier
+    columns as the simulator; timing flags are refused for the engine (its loads take the time they take)."""
+    from kvlab.workload import synthetic_chat
+
+    w = synthetic_chat(24, seed=3, n_tenants=2, system_tokens=(16, 48), n_docs=4, doc_tokens=(40, 120),
+                       user_median=12, answer_median=10, vocab_size=1024, vocab_offset=8)
+    path = save_jsonl(w, tmp_path / "chat.jsonl")
+    out, disk = tmp_path / "run", tmp_path / "tiers"
+    argv = ["simulate", str(path), "--executor", "engine", "--engine-model", "tiny-llama", "--block-size", "8",
+            "--capacity-blocks", "24", "--max-num-seqs", "2", "--timer", "thread", "--quiet",
+            "--tier", "dram:blocks=24", "--tier", "ssd:blocks=400", "--tier-dir", str(disk), "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "dram_hit_share" in printed and "ssd_hit_share" in printed
+    run = read_results(out)
+    engine = run.manifest["config"]["engine"]  # the tiers' identity: labels, stores, folder
+    assert [t.split(":")[0] for t in engine["tiers"]] == ["dram", "ssd"] and engine["tier_stores"] == ["dram", "disk"]
+    assert run.requests["hit_tokens_ssd"].sum() > 0 and run.requests["hit_tokens_dram"].sum() > 0
+    ssd = [t for t in run.summary["tiers"] if t["name"] == "ssd"][0]
+    assert ssd["store"] == "disk" and ssd["read_errors"] == ssd["write_errors"] == 0
+    assert not disk.exists()  # the folder kvlab created for its block files is removed at the end of the run
+    timing = ((["--tier-overlap"], "--tier-overlap"), (["--tier-prefetch", "best_effort"], "--tier-prefetch"))
+    for extra, named in timing:
+        assert named in _error(capsys, [*argv[:-2], "--out", str(tmp_path / "x"), *extra])
+    assert "--tier-dir" in _error(capsys, ["simulate", str(path), "--tier", "ssd:blocks=40", "--tier-dir", str(disk)])
