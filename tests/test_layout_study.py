@@ -53,7 +53,10 @@ def test_layout_study_command_writes_tidy_results_and_resumes(tiny, tmp_path, ca
     assert sorted(runs["layout"].unique()) == ["as_generated", "documents_canonical", "volatile_top"]
     assert len(runs) == 6 and set(runs["cache"]) == {"512 blocks", "device pool"}
     assert (runs["reused_tokens"] <= runs["prompt_tokens"]).all() and (runs["ttft_mean_s"] > 0).all()
-    assert set(result.requests["first_miss"].dropna()) <= {"system", "document", "user", "volatile"}
+    req = result.requests
+    assert set(req["first_miss"].dropna()) <= {"system", "document", "user", "volatile"}
+    assert (req["break_tokens"] >= req["hit_tokens"]).all() and (req["break_tokens"] <= req["prompt_tokens"]).all()
+    assert set(result.first_miss["what"]) == {"first_miss", "break"}
     assert len(result.requests) == 6 * 12 and (result.requests["nonprefix_bound_tokens"] % 16 == 0).all()
     top = runs[(runs["layout"] == "volatile_top")]["token_hit_rate"]
     assert (top <= runs[runs["layout"] == "as_generated"]["token_hit_rate"].to_numpy()).all()

@@ -16,7 +16,7 @@ from kvlab.layout import LayoutRequest, RenderCache, RequestContext, layout_work
 from kvlab.layout.apply import DATE_HEADER, render_layout  # noqa: E402
 from kvlab.layout.history import drop_oldest, split_turns, summarise  # noqa: E402
 from kvlab.layout.order import reorder_tools  # noqa: E402
-from kvlab.layout.reuse import boundary_sweep, nonprefix_bound  # noqa: E402
+from kvlab.layout.reuse import boundary_sweep, break_tokens, nonprefix_bound  # noqa: E402
 from kvlab.layout.volatile import revision, volatile_text  # noqa: E402
 from kvlab.replay import replay  # noqa: E402
 from kvlab.workload.families.agent import TOOL_CATALOGUE, tool_parts  # noqa: E402
@@ -348,6 +348,18 @@ def test_nonprefix_bound_counts_blocks_cached_under_another_prefix():
     hits = replay(w, capacity_blocks=100, block_size=bs).requests["hit_blocks"].to_numpy()
     assert hits.tolist() == [0, 0, 2]
     assert nonprefix_bound(w, hits, bs).tolist() == [0, 2 * bs, bs]  # r2: x b hit; a is elsewhere (r0)
+
+
+def test_break_tokens_is_where_a_prompt_departs_from_every_earlier_sequence():
+    prompts = [[1, 2, 3, 4], [1, 2, 9, 9, 9], [1, 2, 3, 4, 5, 6], [7], [1, 2, 3, 4, 8, 8]]
+    outputs = [[5, 6], [1], [], [1], [2]]  # request 0's output makes request 2's 5, 6 known
+    counts, outs = np.array([len(p) for p in prompts]), np.array([len(o) for o in outputs])
+    w = Workload(arrival=np.arange(5.0), input_length=counts, output_length=outs,
+                 prompt_offsets=np.concatenate([[0], np.cumsum(counts)]),
+                 prompt_values=np.array(sum(prompts, []), dtype=np.int64), kind="tokens",
+                 output_offsets=np.concatenate([[0], np.cumsum(outs)]),
+                 output_values=np.array(sum(outputs, []), dtype=np.int64))
+    assert break_tokens(w).tolist() == [0, 2, 6, 0, 4]
 
 
 def test_block_boundary_staircase_is_exact(bpe):

@@ -104,9 +104,12 @@ def plot_ttft(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
     return ax
 
 
-def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes | None = None) -> Axes:
-    """Stacked share of requests by the segment kind holding their first miss, per layout of ``family``."""
-    rows = first_miss[(first_miss["family"] == family) & (first_miss["cache"] == cache)]
+def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes | None = None, *,
+                    what: str = "first_miss") -> Axes:
+    """Stacked share of requests by the segment kind holding their first miss (``what="first_miss"``: the first
+    recomputed token) or their break (``what="break"``: the first token no earlier request had), per layout."""
+    rows = first_miss[(first_miss["family"] == family) & (first_miss["cache"] == cache)
+                      & (first_miss["what"] == what)]
     layouts = list(dict.fromkeys(rows["layout"]))
     table = rows.pivot_table(index="layout", columns="kind", values="share", aggfunc="sum", observed=False)
     table = table.reindex(index=layouts, columns=list(SEGMENT_KINDS)).fillna(0.0)
@@ -121,11 +124,13 @@ def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes 
             left += share
     ax.set_yticks(y, layouts, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("share of requests (fraction) by the segment of their first miss")
+    where = "first missed token" if what == "first_miss" else "first new token"
+    ax.set_xlabel(f"share of requests (fraction) by the segment of their {where}")
     ax.set_ylabel("layout")
     ax.set_xlim(0, 1)
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
-    ax.set_title(f"{family}, cache {cache}: where the first miss falls")
+    ax.set_title(f"{family}: where the prompt breaks" if what == "break" else
+                 f"{family}, cache {cache}: where the first miss falls")
     return ax
 
 

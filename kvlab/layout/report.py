@@ -34,10 +34,10 @@ def layout_table(result: LayoutStudyResult, cache: str) -> pd.DataFrame:
         "TTFT p90 ms": r["ttft_p90_s"] * 1e3}).reset_index(drop=True)
 
 
-def first_miss_table(result: LayoutStudyResult, cache: str) -> pd.DataFrame:
-    """Per family and layout at ``cache``: the share of requests whose first miss falls in each segment kind
-    (columns: kinds that occur)."""
-    f = result.first_miss[result.first_miss["cache"] == cache]
+def first_miss_table(result: LayoutStudyResult, cache: str, what: str = "first_miss") -> pd.DataFrame:
+    """Per family and layout at ``cache``: the share of requests whose first miss (``what="first_miss"``) or break
+    (``what="break"``) falls in each segment kind (columns: kinds that occur)."""
+    f = result.first_miss[(result.first_miss["cache"] == cache) & (result.first_miss["what"] == what)]
     order = list(dict.fromkeys(zip(f["family"], f["layout"], strict=True)))
     table = f.pivot_table(index=["family", "layout"], columns="kind", values="share", aggfunc="sum", observed=True)
     table = table.reindex(index=order, columns=[k for k in SEGMENT_KINDS if k in table.columns])

@@ -71,6 +71,31 @@ def nonprefix_bound(workload: Workload, hit_blocks: np.ndarray, block_size: int)
     return np.bincount(request[earlier & after], minlength=len(workload)).astype(np.int64) * block_size
 
 
+def break_tokens(workload: Workload) -> np.ndarray:
+    """Per request, where its prompt departs from everything seen before (tokens): the longest prefix of its prompt
+    that is also a prefix of an earlier request's prompt or of its prompt plus known output (token granular, an
+    unbounded store; keys include the adapter). The segment holding this token is where the layout breaks the
+    prefix, whatever the block size and the cache size (:func:`kvlab.workload.segments.Segments.first_miss` of it);
+    a prompt seen whole gets its length."""
+    from kvlab.hashing import BlockHasher
+    from kvlab.sim.trace_requests import sequence_keys
+
+    offsets, keys, prompt, num_keys = sequence_keys(workload, BlockHasher("xxh3_128"), 1)
+    lengths = np.diff(offsets)
+    request = np.repeat(np.arange(len(workload), dtype=np.int64), lengths)
+    first = np.full(int(num_keys), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, keys, request)
+    position = np.arange(len(keys), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+    fresh = (first[keys] >= request) & (position < prompt[request])  # prompt tokens no earlier sequence had
+    out = prompt.astype(np.int64).copy()
+    rows = np.flatnonzero(fresh)
+    if len(rows):
+        req, at = request[rows], position[rows]
+        firsts = np.unique(req, return_index=True)
+        out[firsts[0]] = at[firsts[1]]
+    return out
+
+
 # ------------------------------------------------------------------------------------------ seed 004
 VOLATILE_WORDS = ("Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India", "Juliett",
                   "Kilo", "Lima", "Mike", "November", "Oscar", "Papa", "Quebec", "Romeo", "Sierra", "Tango")

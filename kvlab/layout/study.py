@@ -13,7 +13,9 @@ and, where a checkpoint is configured, the likelihood of reference answers under
 
 Results (kvlab.results layout, reused while the identity matches): ``OUT/<family>/`` with tables ``requests``
 (one row per request x layout x cache size), ``runs`` (one row per layout x cache size) and ``first_miss``
-(requests per first-miss segment kind); ``OUT/boundary/`` with ``requests`` (the sweep). The tokenizer identity
+(requests per segment kind: ``what="first_miss"``, the kind holding the first recomputed token, block granular;
+``what="break"``, the kind holding the first token no earlier request had, :func:`kvlab.layout.reuse.break_tokens`);
+``OUT/boundary/`` with ``requests`` (the sweep). The tokenizer identity
 (name, tokenizer and template sha256) is part of every run's identity (its config) and of its manifest's ``trace``:
 another tokenizer or template is another run.
 """
@@ -33,7 +35,7 @@ from tqdm.auto import tqdm
 from kvlab.layout.apply import RenderCache, layout_workload
 from kvlab.layout.base import Layout, make_layout
 from kvlab.layout.config import LayoutStudyConfig
-from kvlab.layout.reuse import boundary_sweep, nonprefix_bound
+from kvlab.layout.reuse import boundary_sweep, break_tokens, nonprefix_bound
 from kvlab.results import (
     build_manifest,
     check_output_location,
@@ -47,7 +49,7 @@ from kvlab.workload.segments import SEGMENT_KINDS
 from kvlab.workload.tokenizer import TextTokenizer, load_tokenizer
 
 #: bumped when the study's numbers change for the same config (stale result folders are recomputed)
-STUDY_VERSION = 2
+STUDY_VERSION = 3
 
 
 @dataclass
@@ -127,6 +129,8 @@ def study_family(family: str, reqs: list, config: LayoutStudyConfig, tokenizer: 
     for layout in tqdm(layouts, disable=not progress, desc=f"layout study {family}", unit="layout"):
         w = layout_workload(reqs, layout, tokenizer, seed=config.seed, clock_start=config.clock_start_s,
                             name=f"{family}:{layout.label}", cache=cache)
+        brk = break_tokens(w)  # where each prompt departs from everything before it (token granular)
+        brk_seg = w.segments.first_miss(brk)
         for cap in config.cache_blocks:
             sim = simulate(w, model=config.model, hardware=config.hardware, capacity_blocks=cap, block_size=bs,
                            time_scale=config.time_scale, seed=config.seed, policy=config.policy)
@@ -139,12 +143,14 @@ def study_family(family: str, reqs: list, config: LayoutStudyConfig, tokenizer: 
             req = pd.DataFrame({**labels, "request": np.arange(len(w)), "session": w.session, "turn": w.turn,
                                 "arrival_s": frame["arrival"], "prompt_tokens": frame["prompt_tokens"],
                                 "hit_tokens": hit, "nonprefix_bound_tokens": bound, "first_miss": first,
-                                "ttft_s": frame["ttft_s"]})
+                                "break_tokens": brk, "break_segment": brk_seg, "ttft_s": frame["ttft_s"]})
             requests.append(req)
             runs.append({**labels, **_run_row(req, sim.summary), "workload_sha256": w.content_sha256,
                          "tokenizer_sha256": tokenizer.sha256, "template_sha256": tokenizer.template_sha256})
-            counts = first.value_counts().reindex(list(SEGMENT_KINDS), fill_value=0)
-            misses += [{**labels, "kind": k, "requests": int(c), "share": c / len(w)} for k, c in counts.items()]
+            for what, kinds in (("first_miss", first), ("break", brk_seg)):
+                counts = kinds.value_counts().reindex(list(SEGMENT_KINDS), fill_value=0)
+                misses += [{**labels, "what": what, "kind": k, "requests": int(c), "share": c / len(w)}
+                           for k, c in counts.items()]
     runs_f = pd.DataFrame(runs)
     summary = {"family": family, "requests": len(reqs), "layouts": [lay.label for lay in layouts],
                "layout_steps": {lay.label: lay.identity() for lay in layouts},
