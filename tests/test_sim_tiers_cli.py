@@ -89,7 +89,9 @@ def test_simulate_with_untimed_tiers_and_no_tiers(tmp_path, capsys, trace):
     (["--tier", "dram:blocks=10", "--tier", "dram:blocks=20"], ["--tier", "'dram' given twice"]),
     (["--tier", "dram:blocks=10,20"], ["--tier 'dram:blocks=10,20'", "blocks must be an integer"]),
     (["--tier", "dram:gib=0.001", "--block-size", "512"], ["--tier", "0 blocks of 67108864 bytes"]),
-    (["--tier", "dram:blocks=10", "--executor", "engine"], ["--tier", "--executor engine"]),
+    (["--tier", DRAM, "--executor", "engine"], ["--tier medium=/link=", "--executor engine moves the real bytes"]),
+    (["--tier", "dram:blocks=10", "--executor", "engine", "--tier-overlap"], ["--tier-overlap", "timed tiers"]),
+    (["--tier", "dram:blocks=10", "--tier-dir", "somewhere"], ["--tier-dir", "needs --executor engine"]),
 ])
 def test_bad_tier_flags_exit_2_with_one_line_naming_the_flag_before_the_trace_is_read(tmp_path, capsys, extra,
                                                                                       words):
