@@ -18,7 +18,7 @@ Fields (units: blocks, tokens, seconds; every one optional, defaults below)::
     answers: {checkpoint: null, limit: 8}
 
 A layout is a transform name (``"a+b"`` composes), ``{name: ..., <parameters>, label: ...}`` or ``{label: ...,
-steps: [...]}`` (:func:`kvlab.layout.base.make_layout`). A bad file or field is one ConfigError line naming the
+steps: [...]}`` (:func:`kvlab.layout.registry.make_layout`). A bad file or field is one ConfigError line naming the
 file and the field.
 """
 
@@ -33,6 +33,7 @@ from pydantic import Field, model_validator
 
 from kvlab.errors import ConfigError
 from kvlab.layout.base import Layout
+from kvlab.layout.registry import make_layout
 from kvlab.schema import BlockSize, CapacityBlocks, Schema, Seed
 from kvlab.workload.tokenizer import TextTokenizer
 
@@ -228,8 +229,6 @@ class LayoutStudyConfig(Schema):
 
     def layouts(self, name: str) -> list[Layout]:
         """The layouts of ``families[name]``: the common ones (if ``common``), then its own."""
-        from kvlab.layout.study import layouts_of
-
         spec = self.families[name]
         specs = (list(self.common_layouts) if spec.common else []) + list(spec.layouts)
         if not specs:
@@ -271,3 +270,14 @@ class LayoutStudyConfig(Schema):
             if len(ids) > b.prompt_tokens:
                 return text[: spans[b.prompt_tokens][0]]
         raise ConfigError(f"boundary.prompt_tokens: the MuSiQue text has fewer than {b.prompt_tokens} tokens")
+
+
+def layouts_of(specs: list, where: str) -> list[Layout]:
+    """Layouts from config specs (``where`` names the config field in errors); labels must be distinct."""
+    out = [make_layout(s, f"{where}[{i}]") for i, s in enumerate(specs)]
+    seen: set[str] = set()
+    for i, lay in enumerate(out):
+        if lay.label in seen:
+            raise ConfigError(f"{where}[{i}]: layout {lay.label!r} appears twice (give one a 'label')")
+        seen.add(lay.label)
+    return out

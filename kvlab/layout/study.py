@@ -1,7 +1,7 @@
 """The prompt-layout study (issue 15): what a layout costs a prefix cache, per workload family.
 
 For each family (:mod:`kvlab.workload.families`, generated once per config) and each of its layouts
-(:func:`kvlab.layout.base.make_layout`), every request is laid out and rendered once
+(:func:`kvlab.layout.registry.make_layout`), every request is laid out and rendered once
 (:func:`kvlab.layout.apply.layout_workload`) and served by the simulator (:func:`kvlab.sim.simulator.simulate`:
 Llama-3-8B on the h100 profile by default, LRU, vLLM counting, requests' known outputs cached) at each cache size.
 Per family x layout x cache size: token hit rate, reused tokens, TTFT (mean, p50, p90; seconds of simulated
@@ -33,7 +33,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.layout.apply import RenderCache, layout_workload
-from kvlab.layout.base import Layout, make_layout
+from kvlab.layout.base import Layout
 from kvlab.layout.config import LayoutStudyConfig
 from kvlab.layout.reuse import boundary_sweep, break_tokens, nonprefix_bound
 from kvlab.results import (
@@ -224,16 +224,3 @@ def boundary_results(folder: Path, config: LayoutStudyConfig, tokenizer: TextTok
         write_results(folder, {"requests": frame}, summary,
                       build_manifest(cfg, trace=trace, seed=config.seed, driver="layout-study", identity=identity))
     return read_results(folder).tables["requests"]
-
-
-def layouts_of(specs: list, where: str) -> list[Layout]:
-    """Layouts from config specs (``where`` names the config field in errors); labels must be distinct."""
-    out = [make_layout(s, f"{where}[{i}]") for i, s in enumerate(specs)]
-    seen: set[str] = set()
-    for i, lay in enumerate(out):
-        if lay.label in seen:
-            from kvlab.errors import ConfigError
-
-            raise ConfigError(f"{where}[{i}]: layout {lay.label!r} appears twice (give one a 'label')")
-        seen.add(lay.label)
-    return out

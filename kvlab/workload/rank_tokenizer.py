@@ -134,19 +134,18 @@ def rank_file_tokenizer(
     *,
     pattern: str | None = None,
     special_tokens: dict[str, int] | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike,
 ) -> Any:
     """The ``tokenizers.Tokenizer`` of a rank file (``tekken*.json`` or a tiktoken file), converted once and
-    cached under ``cache_dir`` by the sha256 of the file, pattern and special tokens."""
+    cached in the folder ``cache_dir`` (:func:`kvlab.workload.tokenizer.tokenizer_cache_dir` resolves it) by the
+    sha256 of the file, pattern and special tokens."""
     from tokenizers import Tokenizer
-
-    from kvlab.workload.tokenizer import tokenizer_cache_dir
 
     p = Path(path)
     data = read_trace_bytes(p)
     key = hashlib.sha256(data)
     key.update(json.dumps([pattern, sorted((special_tokens or {}).items())]).encode())
-    folder = tokenizer_cache_dir(cache_dir)
+    folder = Path(cache_dir)
     out = folder / f"ranks-{p.stem}-{key.hexdigest()[:24]}.json"
     if out.is_file():
         return Tokenizer.from_file(str(out))

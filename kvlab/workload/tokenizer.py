@@ -338,7 +338,8 @@ def load_tokenizer(
     ):
         from kvlab.workload.rank_tokenizer import rank_file_tokenizer
 
-        return wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=cache_dir), f"ranks:{rank_file.name}")
+        return wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=tokenizer_cache_dir(cache_dir)),
+                               f"ranks:{rank_file.name}")
     try:
         from transformers import AutoTokenizer
     except ImportError:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
-from kvlab.workload.families.agent import TOOL_CATALOGUE, AgentConfig, generate_agent
+from kvlab.workload.families.agent import TOOL_CATALOGUE, AgentConfig
 from kvlab.workload.families.base import (
     ANSWER_SOURCES,
     FITTED_OUTPUT_LENGTHS,
@@ -31,21 +31,16 @@ from kvlab.workload.families.base import (
     reasoning_part,
     token_ids,
 )
-from kvlab.workload.families.chat import CHAT_PRESETS, ChatConfig, generate_chat
+from kvlab.workload.families.chat import CHAT_PRESETS, ChatConfig
 from kvlab.workload.families.mix import MixComponent, MixConfig, generate_mix
-from kvlab.workload.families.rag import RAGConfig, generate_rag
-from kvlab.workload.families.system_prompt import SystemPromptConfig, generate_system_prompt
+from kvlab.workload.families.rag import RAGConfig
+from kvlab.workload.families.registry import SINGLE_FAMILIES, generate_family
+from kvlab.workload.families.system_prompt import SystemPromptConfig
 from kvlab.workload.render import render_prompt, rendered_workload
 from kvlab.workload.tokenizer import TextTokenizer
 from kvlab.workload.workload import Workload
 
-FAMILIES: dict[str, tuple[type, Callable]] = {
-    "system_prompt": (SystemPromptConfig, generate_system_prompt),
-    "rag": (RAGConfig, generate_rag),
-    "chat": (ChatConfig, generate_chat),
-    "agent": (AgentConfig, generate_agent),
-    "mix": (MixConfig, generate_mix),
-}
+FAMILIES: dict[str, tuple[type, Callable]] = {**SINGLE_FAMILIES, "mix": (MixConfig, generate_mix)}
 """Family name -> (config class, generator)."""
 
 PRESETS: dict[str, Callable[..., FamilyConfig]] = {
@@ -67,10 +62,7 @@ def family_config(family: str, **fields: object) -> FamilyConfig | MixConfig:
 
 def generate(config: FamilyConfig | MixConfig) -> list[GeneratedRequest]:
     """The requests of a family config, in arrival order; deterministic per config (and its seed)."""
-    name = getattr(config, "family", None)
-    if name not in FAMILIES or not isinstance(config, FAMILIES[name][0]):
-        raise ConfigError(f"generate: {type(config).__name__} is not a family config")
-    return FAMILIES[name][1](config)
+    return generate_mix(config) if isinstance(config, MixConfig) else generate_family(config)
 
 
 def family_workload(

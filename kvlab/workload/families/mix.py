@@ -21,6 +21,7 @@ from kvlab.workload.families.agent import AgentConfig
 from kvlab.workload.families.base import GeneratedRequest
 from kvlab.workload.families.chat import ChatConfig
 from kvlab.workload.families.rag import RAGConfig
+from kvlab.workload.families.registry import generate_family
 from kvlab.workload.families.system_prompt import SystemPromptConfig
 
 AnyFamilyConfig = Annotated[SystemPromptConfig | RAGConfig | ChatConfig | AgentConfig, Field(discriminator="family")]
@@ -51,9 +52,7 @@ def _quotas(n: int, weights: list[float]) -> list[int]:
 
 def generate_mix(config: MixConfig) -> list[GeneratedRequest]:
     """The merged requests of ``config`` (module docstring)."""
-    from kvlab.workload.families import generate
-
-    parts = [generate(c.config) for c in config.components]
+    parts = [generate_family(c.config) for c in config.components]
     if config.n_requests is not None:
         parts = [p[:q] for p, q in zip(parts, _quotas(config.n_requests, [c.weight for c in config.components]),
                                         strict=True)]
