@@ -1,0 +1,90 @@
+"""One-pass LRU curve (kvlab.replay.curves.lru_curve) vs the exact LRU sweep, printed (docs/curves.md).
+
+    nice -n 19 .venv/bin/python benchmarks/bench_curves.py [--trace conversation] [--capacities 20]
+
+Prints, per Mooncake trace: (1) the curve beside the exact replay at each capacity (token hit rate, hit blocks,
+rejected requests, whether equal block for block); (2) wall seconds of the curve and of the exact sweep over
+the same capacities (compilation excluded from both: each is run once untimed first) and their ratio; (3)
+SHARDS-style sampling: mean / max absolute error in token hit rate against the exact replay at the
+capacities of at least the largest request, per sample rate and estimator over 10 seeds, with the sampled
+curve's wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay.curves import lru_curve
+from kvlab.workload.load import load_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake"
+RATES = (0.5, 0.2, 0.1, 0.05, 0.01)
+SEEDS = tuple(range(10))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", nargs="+", default=["conversation", "synthetic"])
+    ap.add_argument("--capacities", type=int, default=20, help="log-spaced capacities, 50 .. 50,000 blocks")
+    args = ap.parse_args()
+    caps = np.unique(np.geomspace(50, 50_000, args.capacities).round().astype(np.int64))
+    for name in args.trace:
+        path = TRACES / f"{name}_trace.jsonl"
+        if not path.exists():
+            print(f"{path}: absent, skipped")
+            continue
+        w = load_trace(path)
+        cfg = ReplayConfig(capacity_blocks=int(caps[0]), policy="lru")
+        enc = encode(w, cfg)
+        replay(w, cfg, encoded=enc)  # compile (or load) the LRU kernel
+        lru_curve(w, capacities=caps, encoded=enc)  # compile (or load) the stack kernel
+        t0 = time.perf_counter()
+        exact = [replay(w, cfg, encoded=enc, capacity_blocks=int(c)) for c in caps]
+        sweep_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        curve = lru_curve(w, capacities=caps, encoded=enc)
+        curve_s = time.perf_counter() - t0
+        largest = curve.attrs["largest_request_blocks"]
+        print(f"\n## Mooncake {name}: {len(w)} requests, {len(enc.key_ids)} full blocks, block size "
+              f"{enc.block_size} tokens, largest request {largest} blocks, diverge_from "
+              f"{curve.attrs['diverge_from_blocks']}")
+        print("| capacity (blocks) | rejected | exact token_hit_rate | curve | abs error | hit blocks exact / curve "
+              "| equal |")
+        print("|---:|---:|---:|---:|---:|---:|---|")
+        exact_rate = np.array([r.summary["token_hit_rate"] for r in exact])
+        for c, r, row in zip(caps, exact, curve.itertuples(), strict=True):
+            hb = int(r.requests["hit_blocks"].sum())
+            print(f"| {c:,} | {r.summary['rejected_requests']} | {r.summary['token_hit_rate']:.4f} | "
+                  f"{row.token_hit_rate:.4f} | {abs(row.token_hit_rate - r.summary['token_hit_rate']):.4f} | "
+                  f"{hb:,} / {row.hit_blocks:,} | {'yes' if hb == row.hit_blocks else 'NO'} |")
+        print(f"\nspeed ({len(caps)} capacities): exact sweep {sweep_s:.2f} s, one-pass curve {curve_s:.3f} s, "
+              f"ratio {sweep_s / curve_s:.0f}x")
+        t0 = time.perf_counter()
+        full = lru_curve(w, encoded=enc)
+        print(f"full curve (every capacity 1..{int(full['capacity_blocks'].max()):,}): "
+              f"{time.perf_counter() - t0:.3f} s")
+        above = caps >= largest
+        print(f"\nsampling (error vs the exact replay at the {int(above.sum())} capacities >= {largest} blocks)")
+        print("| sample rate | sampled blocks | estimator | mean abs error (mean over seeds) | max abs error "
+              "(max over seeds) | wall s (mean) |")
+        print("|---:|---:|---|---:|---:|---:|")
+        for rate in RATES:
+            for adjust in (True, False):
+                means, maxes, walls = [], [], []
+                for seed in SEEDS:
+                    t0 = time.perf_counter()
+                    s = lru_curve(w, capacities=caps, encoded=enc, sample_rate=rate, seed=seed, adjust=adjust)
+                    walls.append(time.perf_counter() - t0)
+                    err = np.abs(s["token_hit_rate"].to_numpy() - exact_rate)[above]
+                    means.append(err.mean())
+                    maxes.append(err.max())
+                print(f"| {rate} | ~{int(rate * len(enc.key_ids)):,} | {'SHARDS-adj' if adjust else 'ratio'} | "
+                      f"{np.mean(means):.4f} | {np.max(maxes):.4f} | {np.mean(walls):.3f} |")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The one-pass LRU curve (kvlab.replay.curves) against the exact LRU replay, block for block (docs/curves.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _util import random_token_workload
+
+from kvlab.errors import ConfigError
+from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay.curves import CURVE_COLUMNS, lru_curve
+from kvlab.workload.mooncake import load_mooncake
+
+SUMMARY_RATES = ("token_hit_rate", "block_hit_rate", "request_hit_rate", "mean_request_hit_rate")
+
+
+def _exact(w, enc, cfg, capacity):
+    return replay(w, cfg, encoded=enc, capacity_blocks=int(capacity))
+
+
+def _assert_row_equal(row, run):
+    assert row.hit_blocks == int(run.requests["hit_blocks"].sum()), row.capacity_blocks
+    assert row.reused_tokens == run.summary["reused_tokens"]
+    for name in SUMMARY_RATES:
+        assert getattr(row, name) == pytest.approx(run.summary[name], abs=1e-12), (row.capacity_blocks, name)
+
+
+@pytest.mark.parametrize(("trace", "rows"), [("conversation", 3000), ("synthetic", 1500)])
+def test_equals_exact_lru_on_mooncake(shared_file, trace, rows):
+    """At capacities of at least the largest request the curve equals the exact LRU replay block for block."""
+    w = load_mooncake(shared_file(f"mooncake/{trace}_trace.jsonl")).head(rows)
+    cfg = ReplayConfig(capacity_blocks=1)
+    enc = encode(w, cfg)
+    largest = int(enc.num_blocks.max())
+    caps = [largest, largest + 1, 2 * largest, 1000, 3000, 10_000, 60_000]
+    curve = lru_curve(w, capacities=caps, encoded=enc)
+    assert list(curve.columns) == list(CURVE_COLUMNS)
+    assert curve.attrs["largest_request_blocks"] == largest
+    assert curve.attrs["diverge_from_blocks"] == float("inf")
+    assert curve["exact"].all()
+    for row in curve.itertuples():
+        run = _exact(w, enc, cfg, row.capacity_blocks)
+        assert run.summary["rejected_requests"] == 0
+        _assert_row_equal(row, run)
+    # below the largest request: rejections the stack does not see; flagged, and here not equal
+    below = lru_curve(w, capacities=[largest // 4], encoded=enc)
+    assert not below["exact"].any()
+    run = _exact(w, enc, cfg, largest // 4)
+    assert run.summary["rejected_requests"] > 0
+    assert below["hit_blocks"].iloc[0] != int(run.requests["hit_blocks"].sum())
+
+
+@pytest.mark.parametrize("mode", ["vllm", "ideal"])
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_exact_rows_equal_on_adversarial_tokens(mode, block_size):
+    """A 3-token vocabulary: duplicates, the hit limit recomputing cached blocks, partial blocks and
+    evictions at every capacity. Every row flagged ``exact`` equals the exact replay."""
+    checked = 0
+    for seed in range(10):
+        w = random_token_workload(seed, n=150)
+        cfg = ReplayConfig(capacity_blocks=1, block_size=block_size, mode=mode)
+        enc = encode(w, cfg)
+        curve = lru_curve(w, block_size=block_size, capacities=range(1, 100, 3), mode=mode, encoded=enc)
+        largest = curve.attrs["largest_request_blocks"]
+        assert (curve["exact"] == (curve["capacity_blocks"] >= largest)
+                & (curve["capacity_blocks"] < curve.attrs["diverge_from_blocks"])).all()
+        for row in curve[curve["exact"]].itertuples():
+            _assert_row_equal(row, _exact(w, enc, cfg, row.capacity_blocks))
+            checked += 1
+    assert checked > 10
+
+
+def test_two_copies_of_a_key_make_the_stack_differ():
+    """Why ``diverge_from_blocks`` exists: with keys held by two blocks, the cache pins the older copy and
+    the stack moves the newer one; above the largest request but from that capacity on, rows may differ."""
+    differ = 0
+    for seed in range(4):
+        w = random_token_workload(seed, n=150)
+        cfg = ReplayConfig(capacity_blocks=1, block_size=1)
+        enc = encode(w, cfg)
+        curve = lru_curve(w, block_size=1, capacities=range(1, 100, 3), encoded=enc)
+        assert curve.attrs["diverge_from_blocks"] < float("inf")
+        flagged = curve[(curve["capacity_blocks"] >= curve.attrs["largest_request_blocks"]) & ~curve["exact"]]
+        for row in flagged.itertuples():
+            differ += row.hit_blocks != int(_exact(w, enc, cfg, row.capacity_blocks).requests["hit_blocks"].sum())
+    assert differ > 0
+
+
+def test_full_curve_reaches_the_ideal_hit_rate(shared_file):
+    w = load_mooncake(shared_file("mooncake/synthetic_trace.jsonl")).head(800)
+    curve = lru_curve(w)
+    assert (curve["capacity_blocks"].to_numpy() == np.arange(1, len(curve) + 1)).all()
+    assert (np.diff(curve["hit_blocks"].to_numpy()) >= 0).all()
+    run = replay(w, capacity_blocks=int(curve["capacity_blocks"].iloc[-1]))
+    assert curve["token_hit_rate"].iloc[-1] == pytest.approx(run.summary["ideal_hit_rate"], abs=1e-12)
+    assert curve["token_hit_rate"].iloc[-1] == pytest.approx(run.summary["token_hit_rate"], abs=1e-12)
+
+
+def test_sampled_curve_is_deterministic_and_close(shared_file):
+    w = load_mooncake(shared_file("mooncake/synthetic_trace.jsonl")).head(1500)
+    enc = encode(w, ReplayConfig(capacity_blocks=1))
+    caps = [1000, 3000, 10_000, 30_000]
+    exact = lru_curve(w, capacities=caps, encoded=enc)
+    assert lru_curve(w, capacities=caps, encoded=enc, sample_rate=1.0).equals(exact)
+    a = lru_curve(w, capacities=caps, encoded=enc, sample_rate=0.5, seed=3)
+    b = lru_curve(w, capacities=caps, encoded=enc, sample_rate=0.5, seed=3)
+    assert a.equals(b)
+    assert not a["exact"].any() and (a["sample_rate"] == 0.5).all()
+    for adjust in (True, False):
+        s = lru_curve(w, capacities=caps, encoded=enc, sample_rate=0.5, seed=3, adjust=adjust)
+        err = np.abs(s["token_hit_rate"].to_numpy() - exact["token_hit_rate"].to_numpy())
+        assert err.max() < 0.05, (adjust, err)
+
+
+def test_bad_arguments():
+    w = random_token_workload(0, n=20)
+    with pytest.raises(ConfigError, match="sample_rate"):
+        lru_curve(w, block_size=4, sample_rate=0.0)
+    with pytest.raises(ConfigError, match="capacities"):
+        lru_curve(w, block_size=4, capacities=[0, 5])
+    with pytest.raises(ConfigError, match="mode"):
+        lru_curve(w, block_size=4, mode="exact")
