@@ -12,6 +12,7 @@ from kvlab.workload.mooncake import load_mooncake
 from kvlab.workload.native_jsonl import load_jsonl
 from kvlab.workload.native_parquet import load_parquet
 from kvlab.workload.registry import TRACES, resolve_trace
+from kvlab.workload.request_log import load_request_log
 from kvlab.workload.workload import Workload
 
 LOADERS: dict[str, Callable[..., Workload]] = {
@@ -19,13 +20,15 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "alibaba": load_alibaba,
     "jsonl": load_jsonl,
     "parquet": load_parquet,
+    "request-log": load_request_log,
 }
 
 
 def load_trace(name_or_path: str | os.PathLike, format: str | None = None, **kw: object) -> Workload:
     """Load a registry trace by name (downloading it if no local copy exists) or a file by path.
 
-    ``format`` is one of ``mooncake``, ``alibaba``, ``jsonl`` (kvlab native), ``parquet``; by default it
+    ``format`` is one of ``mooncake``, ``alibaba``, ``jsonl`` (kvlab native), ``parquet``, ``request-log``
+    (a serving log with token ids, :mod:`kvlab.workload.request_log`); by default it
     is the registry's format for a name, else detected from the file name, Parquet magic bytes or the
     first line's keys. ``kw`` goes to the loader (``name``, ``block_size``, ``sort``, ``tokenizer``...).
     A registry trace is named after its registry key unless ``name`` is given.

@@ -147,7 +147,7 @@ TRACES: dict[str, dict[str, Any]] = {
 }
 
 KNOWN_TRACES = TRACES  # alias
-FORMATS = ("mooncake", "alibaba", "jsonl", "parquet")
+FORMATS = ("mooncake", "alibaba", "jsonl", "parquet", "request-log")
 
 
 def trace_cache_dir(cache: str | os.PathLike | None = None) -> Path:
@@ -442,6 +442,8 @@ def detect_format(path: str | os.PathLike) -> str:
         return "alibaba"
     if {"timestamp", "input_length", "hash_ids"} <= keys:
         return "mooncake"
+    if {"arrival_time", "prompt_token_ids"} <= keys:
+        return "request-log"
     shown = ", ".join(repr(field_label(k)) for k in sorted(keys)[:8]) + (", ..." if len(keys) > 8 else "")
     raise TraceFormatError(
         str(path), ln, None, f"cannot detect the format from keys [{shown}]; pass format= explicitly"
