@@ -13,8 +13,10 @@ where the cache keeps the duplicate copy, and lies beyond the cache where the ol
 
 Exactness (tested against the exact replay block for block, tests/test_curves.py):
 
-* capacities of at least the largest request (``largest_request_blocks``, in blocks): below, a request that
-  needs more blocks than the cache is rejected there and changes nothing, while the stack takes it;
+* every request the pass takes must be admitted: a request of more blocks than the cache is rejected and
+  changes nothing. One pass over all requests is exact at capacities of at least the largest request
+  (``largest_request_blocks``); below it :func:`lru_curve` runs one pass per distinct set of admitted
+  requests (``one_pass=True``: not, and the rows there are approximate);
 * capacities below ``diverge_from_blocks``: when a key held by two blocks is hit again, the cache pins its
   older copy (the one found first) while the stack moves its newer one; from the capacity at which the older
   copy was still cached, the orders below may differ. Also counted there: a key whose earlier key in the
@@ -97,6 +99,7 @@ def stack_kernel(
     sample_below: np.uint64,  # a key is sampled when mix(key ^ salt) < sample_below (2**64 - 1: every key)
     salt: np.uint64,
     scale: float,  # 1 / sample rate: sampled depths scale to full-cache blocks
+    limit: int,  # blocks: requests needing more (rejected by a cache of ``limit`` blocks) are skipped
 ):
     """One pass over the requests: per capacity threshold ``t`` (blocks), the sampled hit blocks first hit
     at ``C = t`` (``hits``), requests whose first block does (``req_hits``) and their ``hit_tokens /
@@ -128,6 +131,8 @@ def stack_kernel(
     first_blocks = 0  # requests whose first block is sampled and within the hit cap
     diverge = NEVER
     for r in range(n):
+        if num_blocks[r] > limit:  # rejected: changes nothing (not even the free block)
+            continue
         start = offsets[r]
         nfull = offsets[r + 1] - start
         cap = max_hit_blocks(nfull, prompt_tokens[r], block_size, ideal)
@@ -201,10 +206,11 @@ def lru_curve(
     sample_rate: float = 1.0,
     seed: int = 0,
     adjust: bool = True,
+    one_pass: bool = False,
     config: ReplayConfig | None = None,
     encoded: EncodedWorkload | None = None,
 ) -> pd.DataFrame:
-    """The LRU hit-rate-vs-capacity curve of ``workload`` from one pass: one row per capacity (blocks).
+    """The LRU hit-rate-vs-capacity curve of ``workload`` from one stack pass: one row per capacity (blocks).
 
     ``capacities`` (blocks, each >= 1): default every capacity from 1 to where the curve stops rising.
     ``block_size`` (tokens) and ``mode`` as in :class:`~kvlab.replay.ReplayConfig`; ``config`` gives the hash
@@ -218,11 +224,18 @@ def lru_curve(
     ``adjust=False``: the sampled hits scaled by (hit-eligible blocks) / (sampled hit-eligible blocks) instead.
     ``seed`` chooses the sample. Not exact: the error is measured in docs/curves.md.
 
+    Capacities below the largest request (``largest_request_blocks``): a request of more blocks than the
+    cache is rejected there and changes nothing. By default each distinct set of admitted requests among the
+    capacities asked for gets its own pass over those requests (exact again; for the full curve that is up
+    to one pass per distinct request size); ``one_pass=True`` skips that and takes every request, which is
+    not exact there (the error is measured in docs/curves.md).
+
     Columns: ``capacity_blocks``, ``hit_blocks`` (blocks), ``reused_tokens`` (tokens), ``token_hit_rate``,
     ``block_hit_rate``, ``request_hit_rate``, ``mean_request_hit_rate`` (kvlab.metrics definitions),
-    ``exact`` (equal to the exact LRU replay by construction: no sampling, capacity >= the largest
-    request and < ``diverge_from_blocks``), ``sample_rate``. ``frame.attrs``: ``largest_request_blocks``,
-    ``diverge_from_blocks`` (inf when never), ``block_size``, ``mode``.
+    ``exact`` (equal to the exact LRU replay by construction: no sampling, every request the pass takes is
+    admitted at that capacity, and the capacity is below its pass's ``diverge_from``), ``sample_rate``.
+    ``frame.attrs``: ``largest_request_blocks``, ``diverge_from_blocks`` (the smallest capacity from which
+    a pass may differ, inf when none may; see the module docstring), ``block_size``, ``mode``.
     """
     if not 0.0 < float(sample_rate) <= 1.0:
         raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
@@ -236,25 +249,57 @@ def lru_curve(
         encoded = encode(workload, config)
     enc = encoded
     rate = float(sample_rate)
+    largest = int(enc.num_blocks.max()) if len(enc.num_blocks) else 0
+    if capacities is None:
+        top = _pass(enc, mode, rate, seed, adjust, largest, None)[0]["capacity_blocks"].max()
+        capacities = np.arange(1, max(int(top), 1) + 1)
+    capacities = np.asarray(list(capacities), np.int64)
+    if len(capacities) and capacities.min() < 1:
+        raise ConfigError(f"capacities must be >= 1 block, got {capacities.min()}")
+    # one pass for every capacity >= the largest request; below it (unless one_pass), one pass per distinct set
+    # of admitted requests (those of at most C blocks), since a rejected request changes nothing
+    limits = np.full(len(capacities), largest, np.int64)
+    if not one_pass:
+        sizes = np.unique(enc.num_blocks)
+        idx = np.searchsorted(sizes, capacities, side="right") - 1
+        limits = np.where(idx >= 0, sizes[np.maximum(idx, 0)], 0)  # the largest admitted request's blocks
+    parts, diverge_from = [], math.inf
+    for limit in np.unique(limits):
+        part, div = _pass(enc, mode, rate, seed, adjust, int(limit), capacities[limits == limit])
+        part.index = np.flatnonzero(limits == limit)
+        parts.append(part)
+        diverge_from = min(diverge_from, div)
+        part["exact"] = (rate == 1.0) & (part["capacity_blocks"] >= limit) & (part["capacity_blocks"] < div)
+    frame = pd.concat(parts).sort_index() if parts else _pass(enc, mode, rate, seed, adjust, largest, capacities)[0]
+    frame["sample_rate"] = rate
+    frame = frame[list(CURVE_COLUMNS)].reset_index(drop=True)
+    frame.attrs.update(largest_request_blocks=largest, diverge_from_blocks=diverge_from,
+                       block_size=enc.block_size, mode=mode)
+    return frame
+
+
+def _pass(
+    enc: EncodedWorkload, mode: str, rate: float, seed: int, adjust: bool, limit: int, capacities: np.ndarray | None,
+) -> tuple[pd.DataFrame, float]:
+    """One stack pass over the requests of at most ``limit`` blocks (the others are rejected at the
+    ``capacities`` asked for; ``None``: up to where the curve stops rising), and its ``diverge_from``."""
     below = _MASK64 if rate == 1.0 else int(rate * 2.0**64)
     salt = _mix64_py(int(seed) + 0x9E3779B97F4A7C15) if seed else 0
     hits, req_hits, frac, eligible, eligible_frac, first_blocks, diverge = stack_kernel(
         enc.offsets, enc.key_ids, enc.prompt_tokens, enc.num_blocks, enc.num_keys, enc.block_size,
-        mode == "ideal", np.uint64(below), np.uint64(salt), 1.0 / rate,
+        mode == "ideal", np.uint64(below), np.uint64(salt), 1.0 / rate, limit,
     )
     full = enc.full_blocks
-    # the hit cap per request (compiled.max_hit_blocks, vectorised)
-    caps = full if mode == "ideal" else np.minimum(full, np.maximum(enc.prompt_tokens - 1, 0) // enc.block_size)
+    prompt = enc.prompt_tokens
+    admitted = enc.num_blocks <= limit
+    # the hit cap per request (compiled.max_hit_blocks, vectorised), 0 for rejected requests
+    caps = full if mode == "ideal" else np.minimum(full, np.maximum(prompt - 1, 0) // enc.block_size)
+    caps = np.where(admitted, caps, 0)
     all_eligible = int(caps.sum())
     all_first = int((caps > 0).sum())
-    prompt = enc.prompt_tokens
     n_prompted = int((prompt > 0).sum())
-    top = int(np.flatnonzero(hits).max()) if hits.any() else 1
     if capacities is None:
-        capacities = np.arange(1, max(top, 1) + 1)
-    capacities = np.asarray(list(capacities), np.int64)
-    if len(capacities) and capacities.min() < 1:
-        raise ConfigError(f"capacities must be >= 1 block, got {capacities.min()}")
+        capacities = np.array([int(np.flatnonzero(hits).max()) if hits.any() else 1], np.int64)
     at = np.minimum(capacities, len(hits) - 1)
     cum_hits = np.cumsum(hits)[at]
     cum_req = np.cumsum(req_hits)[at]
@@ -273,8 +318,6 @@ def lru_curve(
         hit_blocks = cum_hits * (all_eligible / eligible if eligible else 0.0)
         requests_hit = cum_req * (all_first / first_blocks if first_blocks else 0.0) / max(len(prompt), 1)
         mean_rate = cum_frac * (all_eligible / eligible if eligible else 0.0) / max(n_prompted, 1)
-    largest = int(enc.num_blocks.max()) if len(enc.num_blocks) else 0
-    diverge_from = math.inf if diverge >= NEVER else int(diverge)
     frame = pd.DataFrame({
         "capacity_blocks": capacities,
         "hit_blocks": hit_blocks,
@@ -283,12 +326,9 @@ def lru_curve(
         "block_hit_rate": hit_blocks / max(int(full.sum()), 1),
         "request_hit_rate": requests_hit,
         "mean_request_hit_rate": mean_rate,
-        "exact": (rate == 1.0) & (capacities >= largest) & (capacities < diverge_from),
-        "sample_rate": rate,
+        "exact": False,
     })
-    frame.attrs.update(largest_request_blocks=largest, diverge_from_blocks=diverge_from,
-                       block_size=enc.block_size, mode=mode)
-    return frame
+    return frame, math.inf if diverge >= NEVER else int(diverge)
 
 
 def _mix64_py(x: int) -> int:
