@@ -29,7 +29,8 @@ BlockSize = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
 Seed = Annotated[int, Field(ge=0, lt=1 << 64)]
 HashScheme = Literal["sha256", "xxh3_128", "xxh3_64", "builtin"]
 CountingMode = Literal["vllm", "ideal"]
-TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet"]
+TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet", "request-log"]
+TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)  # the trace formats kvlab reads (one list: loaders, CLI)
 
 
 #: fields whose CLI flag is not simply the field name with dashes
@@ -172,6 +173,7 @@ __all__ = [
     "PositiveInt",
     "Schema",
     "Seed",
+    "TRACE_FORMATS",
     "TraceFormat",
     "TraceSelection",
     "config_error",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError, TraceFormatError
+from kvlab.schema import TRACE_FORMATS
 from kvlab.workload._common import (
     atomic_open,
     check_regular_file,
@@ -147,7 +148,7 @@ TRACES: dict[str, dict[str, Any]] = {
 }
 
 KNOWN_TRACES = TRACES  # alias
-FORMATS = ("mooncake", "alibaba", "jsonl", "parquet", "request-log")
+FORMATS = TRACE_FORMATS  # (kvlab.schema: one list of formats for the loaders and the CLI)
 
 
 def trace_cache_dir(cache: str | os.PathLike | None = None) -> Path:
