@@ -9,6 +9,7 @@ from _util import random_token_workload
 from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.replay.curves import CURVE_COLUMNS, lru_curve
+from kvlab.workload.generate import synthetic_chat
 from kvlab.workload.mooncake import load_mooncake
 
 SUMMARY_RATES = ("token_hit_rate", "block_hit_rate", "request_hit_rate", "mean_request_hit_rate")
@@ -25,15 +26,16 @@ def _assert_row_equal(row, run):
         assert getattr(row, name) == pytest.approx(run.summary[name], abs=1e-12), (row.capacity_blocks, name)
 
 
+@pytest.mark.parametrize("mode", ["vllm", "ideal"])
 @pytest.mark.parametrize(("trace", "rows"), [("conversation", 3000), ("synthetic", 1500)])
-def test_equals_exact_lru_on_mooncake(shared_file, trace, rows):
+def test_equals_exact_lru_on_mooncake(shared_file, trace, rows, mode):
     """At capacities of at least the largest request the curve equals the exact LRU replay block for block."""
     w = load_mooncake(shared_file(f"mooncake/{trace}_trace.jsonl")).head(rows)
-    cfg = ReplayConfig(capacity_blocks=1)
+    cfg = ReplayConfig(capacity_blocks=1, mode=mode)
     enc = encode(w, cfg)
     largest = int(enc.num_blocks.max())
     caps = [largest, largest + 1, 2 * largest, 1000, 3000, 10_000, 60_000]
-    curve = lru_curve(w, capacities=caps, encoded=enc)
+    curve = lru_curve(w, capacities=caps, encoded=enc, mode=mode)
     assert list(curve.columns) == list(CURVE_COLUMNS)
     assert curve.attrs["largest_request_blocks"] == largest
     assert curve.attrs["diverge_from_blocks"] == float("inf")
@@ -45,8 +47,8 @@ def test_equals_exact_lru_on_mooncake(shared_file, trace, rows):
     # below the largest request requests are rejected: one pass per set of admitted requests is exact again,
     # the single pass (one_pass=True) takes them and is flagged
     small = [largest // 8, largest // 4, largest // 2, largest - 1]
-    below = lru_curve(w, capacities=small, encoded=enc)
-    one = lru_curve(w, capacities=small, encoded=enc, one_pass=True)
+    below = lru_curve(w, capacities=small, encoded=enc, mode=mode)
+    one = lru_curve(w, capacities=small, encoded=enc, mode=mode, one_pass=True)
     assert below["exact"].all() and not one["exact"].any()
     differ = 0
     for row, approx in zip(below.itertuples(), one.itertuples(), strict=True):
@@ -55,6 +57,17 @@ def test_equals_exact_lru_on_mooncake(shared_file, trace, rows):
         _assert_row_equal(row, run)
         differ += approx.hit_blocks != row.hit_blocks
     assert differ > 0
+
+
+def test_equals_exact_lru_on_a_token_chat_workload():
+    """Token prompts (system prompts, RAG documents, multi-turn sessions) at 16-token blocks: exact everywhere."""
+    w = synthetic_chat(600, seed=1)
+    cfg = ReplayConfig(capacity_blocks=1, block_size=16)
+    enc = encode(w, cfg)
+    curve = lru_curve(w, block_size=16, capacities=[40, 150, 400, 1500, 6000], encoded=enc)
+    assert curve["exact"].all()
+    for row in curve.itertuples():
+        _assert_row_equal(row, _exact(w, enc, cfg, row.capacity_blocks))
 
 
 @pytest.mark.parametrize("mode", ["vllm", "ideal"])
