@@ -8,7 +8,8 @@ whether equal block for block); (2) wall seconds of both and of the exact sweep 
 (compilation excluded: each is run once untimed first; best of 3) and the ratios; (3)
 SHARDS-style sampling: mean / max absolute error in token hit rate against the exact replay at the
 capacities of at least the largest request, per sample rate and estimator over 10 seeds, with the sampled
-curve's wall seconds.
+curve's wall seconds; (4) mini-simulations (kvlab.replay.minisim) of several policies: the same errors at
+1,000 / 3,000 / 10,000 / 30,000 blocks, 5 seeds.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ import numpy as np
 
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.replay.curves import lru_curve
+from kvlab.replay.minisim import mini_curve
 from kvlab.workload.load import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake"
 RATES = (0.5, 0.2, 0.1, 0.05, 0.01)
 SEEDS = tuple(range(10))
+MINI_POLICIES = ("lru", "fifo", "arc", "s3fifo", "lfu", "sieve")
+MINI_RATES = (0.5, 0.2, 0.1)
+MINI_SEEDS = tuple(range(5))
+MINI_CAPACITIES = (1_000, 3_000, 10_000, 30_000)
 
 
 def best_of(fn, repeat: int = 3) -> tuple[float, object]:
@@ -101,6 +107,26 @@ def bench_trace(name: str, w, caps: np.ndarray) -> None:
                 maxes.append(err.max())
             print(f"| {rate} | ~{int(rate * len(enc.key_ids)):,} | {'SHARDS-adj' if adjust else 'ratio'} | "
                   f"{np.mean(means):.4f} | {np.max(maxes):.4f} | {np.mean(walls):.3f} |")
+    print(f"\nmini-simulations (error vs the exact replay of each policy at {MINI_CAPACITIES} blocks, "
+          f"{len(MINI_SEEDS)} seeds)")
+    print("| policy | exact token_hit_rate | " + " | ".join(f"R={r} mean / max abs error" for r in MINI_RATES)
+          + " | wall s per curve (R=" + "/".join(map(str, MINI_RATES)) + ") |")
+    print("|---|---|" + "---:|" * (len(MINI_RATES) + 1))
+    for policy in MINI_POLICIES:
+        cfg = ReplayConfig(capacity_blocks=1, policy=policy)
+        truth = np.array([replay(w, cfg, encoded=enc, capacity_blocks=c).summary["token_hit_rate"]
+                          for c in MINI_CAPACITIES])
+        cells, walls = [], []
+        for rate in MINI_RATES:
+            errs, wall = [], []
+            for seed in MINI_SEEDS:
+                t0 = time.perf_counter()
+                m = mini_curve(w, policy, MINI_CAPACITIES, sample_rate=rate, seed=seed, encoded=enc)
+                wall.append(time.perf_counter() - t0)
+                errs.append(np.abs(m["token_hit_rate"].to_numpy() - truth))
+            cells.append(f"{np.mean(errs):.4f} / {np.max(errs):.4f}")
+            walls.append(f"{np.median(wall):.2f}")
+        print(f"| {policy} | {' / '.join(f'{x:.3f}' for x in truth)} | {' | '.join(cells)} | {' / '.join(walls)} |")
 
 if __name__ == "__main__":
     main()

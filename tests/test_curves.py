@@ -8,7 +8,8 @@ from _util import random_token_workload
 
 from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode, replay
-from kvlab.replay.curves import CURVE_COLUMNS, lru_curve
+from kvlab.replay.curves import CURVE_COLUMNS, key_sample, lru_curve
+from kvlab.replay.minisim import MINI_COLUMNS, mini_curve, sampled_encoding
 from kvlab.workload.generate import synthetic_chat
 from kvlab.workload.mooncake import load_mooncake
 
@@ -142,3 +143,24 @@ def test_bad_arguments():
         lru_curve(w, block_size=4, capacities=[0, 5])
     with pytest.raises(ConfigError, match="mode"):
         lru_curve(w, block_size=4, mode="exact")
+
+
+def test_mini_simulation_tracks_each_policy(shared_file):
+    """Mini-simulations (kvlab.replay.minisim): deterministic, LRU's agrees with the sampled stack, and each
+    policy's estimate is near its exact replay on a trace slice (the measured errors: docs/curves.md)."""
+    w = load_mooncake(shared_file("mooncake/conversation_trace.jsonl")).head(3000)
+    enc = encode(w, ReplayConfig(capacity_blocks=1))
+    caps = [1000, 4000, 20_000]
+    mask = key_sample(enc.num_keys, 1.0)
+    mini, eligible = sampled_encoding(enc, mask)
+    assert (mini.offsets == enc.offsets).all() and (mini.key_ids == enc.key_ids).all()
+    assert eligible.sum() == np.minimum(enc.full_blocks, (enc.prompt_tokens - 1) // enc.block_size).sum()
+    a = mini_curve(w, "lru", caps, sample_rate=0.5, seed=1, encoded=enc)
+    assert list(a.columns) == list(MINI_COLUMNS)
+    assert a.equals(mini_curve(w, "lru", caps, sample_rate=0.5, seed=1, encoded=enc))
+    stack = lru_curve(w, capacities=caps, encoded=enc, sample_rate=0.5, seed=1)
+    assert np.abs(a["token_hit_rate"].to_numpy() - stack["token_hit_rate"].to_numpy()).max() < 0.005
+    for policy in ("lru", "arc", "s3fifo"):
+        truth = [replay(w, encoded=enc, capacity_blocks=c, policy=policy).summary["token_hit_rate"] for c in caps]
+        est = mini_curve(w, policy, caps, sample_rate=0.5, seed=1, encoded=enc)["token_hit_rate"].to_numpy()
+        assert np.abs(est - truth).max() < 0.03, (policy, est, truth)

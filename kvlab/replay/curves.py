@@ -56,6 +56,26 @@ def _mix64(x: np.uint64) -> np.uint64:
     return x ^ (x >> np.uint64(31))
 
 
+@nb.njit(cache=True)
+def _sample_kernel(num_keys: int, below: np.uint64, salt: np.uint64) -> np.ndarray:
+    out = np.empty(num_keys, np.bool_)
+    for k in range(num_keys):
+        out[k] = _mix64(np.uint64(k) ^ salt) < below
+    return out
+
+
+def key_sample(num_keys: int, rate: float, seed: int = 0) -> np.ndarray:
+    """bool [num_keys]: the dense key ids in a SHARDS-style spatial sample of rate ``rate`` (in (0, 1]): those
+    whose mixed id (splitmix64's finaliser, salted by ``seed``) falls in a fraction ``rate`` of the 64-bit
+    space. Every key at rate 1; nested across rates for one seed."""
+    if not 0.0 < float(rate) <= 1.0:
+        raise ConfigError(f"sample_rate must be in (0, 1], got {rate!r}")
+    if rate == 1.0:
+        return np.ones(num_keys, np.bool_)
+    salt = _mix64_py(int(seed) + 0x9E3779B97F4A7C15) if seed else 0
+    return _sample_kernel(num_keys, np.uint64(int(rate * 2.0**64)), np.uint64(salt))
+
+
 @nb.njit(cache=True, inline="always")
 def _add(tree: np.ndarray, i: int, v: int) -> None:
     """Fenwick tree (1-based ``i``) point update."""
@@ -96,8 +116,7 @@ def stack_kernel(
     num_keys: int,
     block_size: int,  # tokens
     ideal: bool,
-    sample_below: np.uint64,  # a key is sampled when mix(key ^ salt) < sample_below (2**64 - 1: every key)
-    salt: np.uint64,
+    sampled: np.ndarray,  # bool [num_keys]: the keys in the stack (key_sample)
     scale: float,  # 1 / sample rate: sampled depths scale to full-cache blocks
     limit: int,  # blocks: requests needing more (rejected by a cache of ``limit`` blocks) are skipped
 ):
@@ -107,11 +126,7 @@ def stack_kernel(
     blocks within the cap; and the smallest
     capacity from which the stack may differ from the exact cache (``diverge``; NEVER if none)."""
     n = len(prompt_tokens)
-    every = sample_below == np.uint64(0xFFFFFFFFFFFFFFFF)
-    sampled = np.ones(num_keys, np.bool_)
-    if not every:
-        for k in range(num_keys):
-            sampled[k] = _mix64(np.uint64(k) ^ salt) < sample_below
+    every = scale == 1.0
     n_slots = 0
     for j in range(len(key_ids)):
         if sampled[key_ids[j]]:
@@ -283,11 +298,9 @@ def _pass(
 ) -> tuple[pd.DataFrame, float]:
     """One stack pass over the requests of at most ``limit`` blocks (the others are rejected at the
     ``capacities`` asked for; ``None``: up to where the curve stops rising), and its ``diverge_from``."""
-    below = _MASK64 if rate == 1.0 else int(rate * 2.0**64)
-    salt = _mix64_py(int(seed) + 0x9E3779B97F4A7C15) if seed else 0
     hits, req_hits, frac, eligible, eligible_frac, first_blocks, diverge = stack_kernel(
         enc.offsets, enc.key_ids, enc.prompt_tokens, enc.num_blocks, enc.num_keys, enc.block_size,
-        mode == "ideal", np.uint64(below), np.uint64(salt), 1.0 / rate, limit,
+        mode == "ideal", key_sample(enc.num_keys, rate, seed), 1.0 / rate, limit,
     )
     full = enc.full_blocks
     prompt = enc.prompt_tokens
@@ -339,4 +352,4 @@ def _mix64_py(x: int) -> int:
     return x ^ (x >> 31)
 
 
-__all__ = ["CURVE_COLUMNS", "lru_curve", "stack_kernel"]
+__all__ = ["CURVE_COLUMNS", "key_sample", "lru_curve", "stack_kernel"]
