@@ -40,6 +40,7 @@ from kvlab.workload.workload import Workload
 if TYPE_CHECKING:  # torch-backed: imported by fidelity() on first use
     from kvlab.engine.driver import Engine
     from kvlab.sim.engine_executor import EngineServingResult
+    from kvlab.tiers import Tier
 
 
 def zero_arrivals(workload: Workload) -> Workload:
@@ -116,6 +117,10 @@ def fidelity(
     base_hardware: HardwareProfile | str | None = None,
     progress: bool = False,
     batched: bool = False,
+    tiers: Sequence[Tier] | None = None,
+    tier_dir: str | Path | None = None,
+    max_load_tokens: int | None = None,
+    sim_options: dict | None = None,
 ) -> FidelityResult:
     """Replay ``workload`` through the real engine and through the simulator at each load, a fraction of the
     engine's saturation throughput; compare TTFT request by request.
@@ -154,6 +159,21 @@ def fidelity(
     ``batched``: the engine runs each step as one packed forward (continuous batching,
     ``run_engine_serving(batched=True)``) and the calibration times packed batches and fits the batched step
     equation (``execution="batched"``): the setting for ``max_num_seqs`` > 1.
+
+    ``tiers`` (:class:`~kvlab.tiers.Tier`): lower tiers below the pool in both runs: the engine's are real
+    (``run_engine_serving(tiers=, tier_dir=, max_load_tokens=)``: DRAM, with ``tier_dir`` the last one on disk
+    there, fresh for each run), the simulator's timed by each tier's ``medium`` / ``link`` presets (measured
+    ones: JSON files). ``sim_options``: further :func:`~kvlab.sim.simulate` fields of the simulated runs
+    (``kv_layout``, ``tier_overlap``, ...). With tiers, each ``requests`` row adds the hit tokens per source of
+    both runs (``hit_tokens_<device|tier>_engine`` from the first repeat, ``_sim``) and the simulator's
+    ``load_est_s_sim`` (admission to load end, queues included) and ``ttft_load_s_sim`` (waiting for loads
+    before the first token); each ``table`` row adds per source the hit tokens (engine: median over the
+    repeats, with min and max; sim), ``tier_hits_equal`` (every request, every repeat) and
+    ``tier_hits_equal_share`` (median over the repeats of the share of requests whose hits agree per source),
+    and the load and store seconds per request: engine ``Σ read_s`` / ``Σ write_s`` of its tiers and its time
+    outside steps before each step (its scheduling and synchronous tier I/O; waits for arrivals excluded), each
+    the median over the repeats; sim ``load_est_s`` and ``ttft_load_s`` means and ``tier_stall_s`` (write-back
+    stalls).
     """
     from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
 
@@ -177,6 +197,12 @@ def fidelity(
     common = dict(policy=policy, capacity_blocks=capacity_blocks or engine.capacity_blocks, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, cache_at=cache_at)
     serve = dict(common, timer=timer, model=model_p, progress=progress, batched=batched)
+    sim_tiers: dict = {}
+    if tiers:  # (no tier arguments otherwise: the untiered study's calls stay as they were)
+        serve.update(tiers=list(tiers), tier_dir=tier_dir, max_load_tokens=max_load_tokens)
+        sim_tiers = dict(sim_options or {}, tiers=list(tiers), max_load_tokens=max_load_tokens)
+    elif tier_dir is not None or max_load_tokens is not None or sim_options:
+        raise ConfigError("tier_dir, max_load_tokens and sim_options need tiers=[Tier(...)]")
     measure_round()
     saturation_runs: list[float] = []
     if saturation_rps is None:
@@ -204,7 +230,8 @@ def fidelity(
     rows, per_request = [], []
     for load, runs in engine_runs.items():
         rate = float(load) * saturation_rps
-        sim = simulate(workload, rate=rate, model=model_p, hardware=hw, block_size=engine.block_size, **common)
+        sim = simulate(workload, rate=rate, model=model_p, hardware=hw, block_size=engine.block_size, **common,
+                       **sim_tiers)
         eng_req = runs[0].requests.copy()
         ttfts = np.stack([r.requests["ttft_s"].to_numpy(np.float64) for r in runs])
         eng_req["ttft_s"] = np.median(ttfts, axis=0)
@@ -247,13 +274,66 @@ def fidelity(
             "utilization_sim": float(sim.summary["utilization"]),
             **_busy_ratios(float(sim.summary["busy_s"]), busy, steps[steps["load"] == float(load)]),
         })
+        if tiers:
+            rows[-1].update(_tier_comparison(err, runs, sim, [t.name for t in tiers]))
     config = {"loads": [float(x) for x in loads], "repeats": repeats, "saturation_repeats": saturation_repeats,
               "saturation_runs_rps": saturation_runs,
+              **({"tiers": [t.label() for t in tiers], "tier_dir": None if tier_dir is None else str(tier_dir),
+                  "max_load_tokens": max_load_tokens, "sim_options": dict(sim_options or {})} if tiers else {}),
               "timer": timer, "hardware": hw.name,
               "model": model_p.name, "block_size": engine.block_size, "calibration_rounds": len(rounds), **common}
     return FidelityResult(pd.DataFrame(rows), pd.concat(per_request, ignore_index=True), float(saturation_rps), hw,
                           config, cal, steps, step_errors(steps, by=("load",)).merge(
                               step_noise(steps, by=("load",)), on=["load", "kind"], how="left"))
+
+
+def _tier_comparison(err: pd.DataFrame, runs: Sequence[EngineServingResult], sim: SimResult,
+                     names: Sequence[str]) -> dict:
+    """The tiered study's columns (:func:`fidelity`, ``tiers``): adds the per-request ones to ``err`` in place,
+    returns the table row's."""
+    sources = ["device", *names]
+    cols = [f"hit_tokens_{s}" for s in sources]
+    eng = [r.requests[cols].to_numpy(np.int64) for r in runs]
+    sim_hits = sim.requests[cols].to_numpy(np.int64)
+    for j, src in enumerate(sources):
+        err[f"hit_tokens_{src}_engine"] = eng[0][:, j]
+        err[f"hit_tokens_{src}_sim"] = sim_hits[:, j]
+    err["load_est_s_sim"] = sim.requests["load_est_s"].to_numpy(np.float64)
+    err["ttft_load_s_sim"] = sim.requests["ttft_load_s"].to_numpy(np.float64)
+    n = len(err)
+    agree = [(e == sim_hits).all(axis=1) for e in eng]
+    row: dict = {"tier_hits_equal": bool(all(a.all() for a in agree)),
+                 "tier_hits_equal_share": float(np.median([a.mean() for a in agree]))}
+    for j, src in enumerate(sources):
+        totals = [int(e[:, j].sum()) for e in eng]
+        row |= {f"hit_tokens_{src}_engine": float(np.median(totals)), f"hit_tokens_{src}_engine_min": min(totals),
+                f"hit_tokens_{src}_engine_max": max(totals), f"hit_tokens_{src}_sim": int(sim_hits[:, j].sum())}
+    read = [sum(t["read_s"] for t in r.summary["tiers"]) for r in runs]
+    between = [_outside_steps(r.timeseries, r.requests["arrival"].to_numpy(np.float64)) for r in runs]
+    write = [sum(t["write_s"] for t in r.summary["tiers"]) for r in runs]
+    row |= {
+        "load_s_per_request_engine": float(np.median(read)) / n,
+        "store_s_per_request_engine": float(np.median(write)) / n,
+        "outside_steps_s_per_request_engine": float(np.median(between)) / n,
+        "tier_read_errors_engine": int(sum(t["read_errors"] for r in runs for t in r.summary["tiers"])),
+        "tier_write_errors_engine": int(sum(t["write_errors"] for r in runs for t in r.summary["tiers"])),
+        "load_s_per_request_sim": float(err["load_est_s_sim"].mean()),
+        "ttft_load_s_per_request_sim": float(err["ttft_load_s_sim"].mean()),
+        "stall_s_per_request_sim": float(sim.summary["tier_stall_s"]) / n,
+    }
+    return row
+
+
+def _outside_steps(timeseries: pd.DataFrame, arrivals: np.ndarray) -> float:
+    """Seconds a real run spent before its steps outside them: before each step, from the later of the previous
+    step's end and the last arrival before the step, to the step's start (its scheduling and, with tiers, the
+    synchronous loads and write-backs of the admissions; waits for arrivals excluded)."""
+    start = timeseries["time_s"].to_numpy(np.float64)
+    end = start + timeseries["duration_s"].to_numpy(np.float64)
+    arrived = np.sort(arrivals[np.isfinite(arrivals)])
+    last = arrived[np.maximum(np.searchsorted(arrived, start, side="right") - 1, 0)]
+    ready = np.maximum(np.concatenate(([-np.inf], end[:-1])), last)
+    return float(np.clip(start - ready, 0.0, None).sum())
 
 
 def _labelled(frame: pd.DataFrame, load: float, repeat: int) -> pd.DataFrame:
