@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the disk preset of the main comparison (the other is a sensitivity row)")
     ap.add_argument("--measure-ops", type=int, default=24, help="operations per size when measuring the disk")
     ap.add_argument("--tier-root", default=None, help="where the temporary disk-tier directory goes")
+    ap.add_argument("--sync-stores", action="store_true",
+                    help="simulate stores on the step's critical path (tier_sync_stores), as kvlab's engine does them")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=1, help="trace seed")
     ap.add_argument("--no-tiers", action="store_true",
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"measured in {time.perf_counter() - t0:.1f} s")
         disk = paths["disk_warm" if args.disk_read == "read_warm" else "disk_cold"]
         tiers = make_tiers(args.dram_blocks, args.disk_blocks, disk, paths["memcpy"])
-        sim_options = {"kv_layout": "block"}
+        sim_options = {"kv_layout": "block", **({"tier_sync_stores": True} if args.sync_stores else {})}
         tier_args = {} if args.no_tiers else dict(tiers=tiers, tier_dir=root / "tier", sim_options=sim_options)
 
         wl = held_out_trace(args.requests, engine.vocab_size, seed=args.seed, max_output=args.max_output,

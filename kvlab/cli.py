@@ -123,7 +123,7 @@ def _serve_on_engine(args: argparse.Namespace, workload, config):
 
 #: simulate's tier flags: each is the SimConfig field of the same name (``--tier``: ``tiers``)
 SIM_TIER_FIELDS = ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s",
-                   "kv_layout")
+                   "kv_layout", "tier_sync_stores")
 
 
 def _flag_words(message: str) -> str:
@@ -172,6 +172,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.executor == "engine":
         timed = [flag for flag, on in (("--load-or-recompute", args.load_or_recompute),
                                        ("--tier-overlap", args.tier_overlap),
+                                       ("--tier-sync-stores", args.tier_sync_stores),
                                        ("--tier-prefetch", args.tier_prefetch != "off"),
                                        ("--tier medium=/link=", any(t.medium or t.link for t in config.tiers)))
                  if on]
@@ -375,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--tier-prefetch timeout: the longest wait for a prefetch, seconds")
     sim.add_argument("--kv-layout", default="layer", choices=["layer", "block"],
                      help="transfer operations per layer (vLLM) or per chunk (layer-contiguous pages)")
+    sim.add_argument("--tier-sync-stores", action="store_true",
+                     help="every tier store on its step's critical path, as an engine that stores inline (timed tiers)")
     sim.add_argument("--tier-dir", type=Path, default=None, metavar="DIR",
                      help="--executor engine: the last --tier is a real disk tier in DIR (kvlab's own folder: created "
                           "if absent, refused if it holds files kvlab did not write); the others are DRAM")

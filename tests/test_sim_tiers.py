@@ -320,3 +320,22 @@ def test_random_tier_configs_serve_every_request(seed):
     assert (r["lower_found_tokens"] >= r[[f"hit_tokens_{t.name}" for t in tiers]].sum(axis=1)).all()
     b = simulate(w, **kw)
     assert a.requests.equals(b.requests) and a.timeseries.equals(b.timeseries)
+
+
+def test_synchronous_stores_sit_on_the_critical_path(mooncake):
+    """``tier_sync_stores``: every store ends before its step does (an engine that stores inline, as kvlab's real
+    engine), so steps stall longer and TTFT grows. A medium's write latency
+    (``write_latency_s``, e.g. a measured fsync) prices its write operations."""
+    tiers = timed(CONFIGS["dram_back+ssd_through"])
+    kw = dict(capacity_blocks=60, tiers=tiers, time_scale=4.0)
+    plain, sync = simulate(mooncake, **kw), simulate(mooncake, tier_sync_stores=True, **kw)
+    assert sync.summary["tier_stall_s"] > plain.summary["tier_stall_s"] > 0
+    assert sync.summary["ttft_mean_s"] > plain.summary["ttft_mean_s"]
+    cols = ["hit_tokens_device", "hit_tokens_dram", "hit_tokens_ssd"]
+    assert sync.requests[cols].sum().sum() > 0
+    assert sync.config.to_dict()["tier_sync_stores"] is True and "tier_sync_stores" not in plain.config.to_dict()
+    nvme = preset(NVME)
+    slow = dataclasses.replace(nvme, write_latency_s=4e-3)
+    assert slow.seconds(0, 1, write=True) == pytest.approx(4e-3) and slow.seconds(0, 1) == nvme.latency_s
+    with pytest.raises(ConfigError, match="tier_sync_stores"):
+        simulate(mooncake, capacity_blocks=60, tier_sync_stores=True)

@@ -109,6 +109,7 @@ class SimConfig(Schema):
     tier_prefetch: Literal["off", "best_effort", "wait_complete", "timeout"] = "off"  # from the slowest tier
     prefetch_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 1.0  # tier_prefetch="timeout": longest wait
     kv_layout: Literal["layer", "block"] = "layer"  # transfer operations per layer (vLLM) or per chunk
+    tier_sync_stores: bool = False  # every store on the critical path of its step (an engine that stores inline)
 
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
@@ -117,7 +118,7 @@ class SimConfig(Schema):
     #: fields added after run identities were first written: left out of ``to_dict`` at their defaults, so a
     #: run without tiers keeps its run id
     _LATER = {"tiers": [], "max_load_tokens": None, "load_or_recompute": False, "tier_overlap": False,
-              "tier_prefetch": "off", "prefetch_timeout_s": 1.0, "kv_layout": "layer"}
+              "tier_prefetch": "off", "prefetch_timeout_s": 1.0, "kv_layout": "layer", "tier_sync_stores": False}
 
     def to_dict(self) -> dict:
         out = super().to_dict()
@@ -131,7 +132,8 @@ class SimConfig(Schema):
         if self.rate is not None and self.time_scale != 1.0:
             raise ValueError("give either rate (--rate) or time_scale (--time-scale), not both")
         timed = any(getattr(t, f) is not None for t in self.tiers for f in TIMING_FIELDS)
-        for name in ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "kv_layout"):
+        for name in ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "kv_layout",
+                     "tier_sync_stores"):
             if getattr(self, name) != self._LATER[name] and not self.tiers:
                 raise ValueError(f"{name} applies to the tiers below the device: give tiers too")
             if name != "max_load_tokens" and getattr(self, name) != self._LATER[name] and not timed:
@@ -305,7 +307,7 @@ def _tiered(manager, executor: CostModelExecutor, clock: SimClock, config: SimCo
     timing = TierTiming(config.tiers, block_bytes, layers, config.kv_layout) if timed else None
     serving = TierServing(manager.cache.tiers, timing, cost, records, overlap=config.tier_overlap,
                           load_or_recompute=config.load_or_recompute, prefetch=config.tier_prefetch,
-                          prefetch_timeout_s=config.prefetch_timeout_s)
+                          prefetch_timeout_s=config.prefetch_timeout_s, sync_stores=config.tier_sync_stores)
     manager.serving = serving
     return TieredExecutor(executor, serving, clock), serving
 

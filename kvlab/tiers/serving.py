@@ -21,7 +21,9 @@ media with busy-until times). It plugs into the scheduler at four points:
 * **step_time** (:class:`TieredExecutor`, once per step): write-back copies of the device's evictions (a
   ``write_back`` tier 1) sit on the critical path of the step whose allocations evicted them; overlapped loads
   stretch the step (:func:`~kvlab.tiers.timing.overlapped_end`); every other store is asynchronous and
-  reserved on its link and medium at the step's end. A step with no stall keeps the cost model's duration.
+  reserved on its link and medium at the step's end, or, with ``sync_stores`` (an engine that stores inline,
+  as kvlab's real engine does), on the step's critical path: the step ends when its stores do. A step with no
+  stall keeps the cost model's duration.
 
 Units: seconds, tokens (``*_tokens``), blocks of the run's block size.
 """
@@ -78,7 +80,7 @@ class TierServing:
 
     def __init__(self, stack: TierStack, timing: TierTiming | None, cost, records: TierRecords, *,  # noqa: ANN001
                  overlap: bool = False, load_or_recompute: bool = False, prefetch: str = "off",
-                 prefetch_timeout_s: float = 1.0) -> None:
+                 prefetch_timeout_s: float = 1.0, sync_stores: bool = False) -> None:
         if prefetch not in PREFETCH:
             raise ConfigError(f"tier_prefetch must be one of {PREFETCH}, got {prefetch!r}")
         self.stack = stack
@@ -93,6 +95,7 @@ class TierServing:
         self.prefetch_timeout_s = prefetch_timeout_s
         self.layers = timing.layers if timing is not None else 1
         self.write_back1 = stack.tiers[0].spec.write == "write_back"
+        self.sync_stores = sync_stores  # every store ends before the step does (else: only tier 1's write-backs)
         self.chunks = [t.chunk for t in stack.tiers]
         self.ready_at: dict[int, float] = {}  # rows in WAITING_FOR_KV_LOAD -> when they may run
         self.wait_start: dict[int, float] = {}
@@ -306,7 +309,9 @@ class TierServing:
                 end = t_start + compute
             for i, b in enumerate(blocks):
                 if b:
-                    timing.store(end, i + 1, b, tiers[i].spec.write != "write_back")
+                    done = timing.store(end, i + 1, b, tiers[i].spec.write != "write_back")
+                    if self.sync_stores:
+                        end = max(end, done)
         stall = end - t0 - compute if end > t0 + compute else 0.0
         self.stall_s += stall
         nbytes = [r.bytes for r in timing.resources.values()] if timing is not None else []

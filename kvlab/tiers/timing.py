@@ -51,6 +51,7 @@ class Preset:
     latency_s: float  # per operation
     queue_depth: int = 1  # operations in flight
     write_bandwidth: float | None = None  # a medium's; None: ``bandwidth``
+    write_latency_s: float | None = None  # a medium's, per write operation (e.g. with fsync); None: ``latency_s``
     calibrated: bool = False
     description: str = ""
     source: str = ""
@@ -58,7 +59,8 @@ class Preset:
     def seconds(self, nbytes: float, ops: int, write: bool = False) -> float:
         """Busy time of ``ops`` operations moving ``nbytes`` bytes in all."""
         bw = self.write_bandwidth if write and self.write_bandwidth else self.bandwidth
-        return -(-ops // self.queue_depth) * self.latency_s + nbytes / bw
+        latency = self.write_latency_s if write and self.write_latency_s is not None else self.latency_s
+        return -(-ops // self.queue_depth) * latency + nbytes / bw
 
 
 @cache
@@ -70,8 +72,8 @@ def presets() -> dict[str, Preset]:
 
 
 def preset_file(path: str | Path) -> Preset:
-    """A preset from a JSON file of its fields (``kind``, ``bandwidth``, ``latency_s``, optional
-    ``queue_depth``, ``write_bandwidth``, ``calibrated``, ``description``, ``source``; ``name`` defaults to the
+    """A preset from a JSON file of its fields (``kind``, ``bandwidth``, ``latency_s``, optional ``queue_depth``,
+    ``write_bandwidth``, ``write_latency_s``, ``calibrated``, ``description``, ``source``; ``name`` defaults to the
     file's stem): e.g. a disk measured by kvlab.engine.tiers.measure.medium_preset. ConfigError if malformed."""
     path = Path(path)
     try:
@@ -81,9 +83,10 @@ def preset_file(path: str | Path) -> Preset:
     except (OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"cannot read timing preset {str(path)!r}: {exc}") from None
     if p.kind not in ("link", "medium") or not p.bandwidth > 0 or p.latency_s < 0 or p.queue_depth < 1 or (
-            p.write_bandwidth is not None and not p.write_bandwidth > 0):
+            p.write_bandwidth is not None and not p.write_bandwidth > 0) or (
+            p.write_latency_s is not None and not p.write_latency_s >= 0):
         raise ConfigError(f"timing preset {str(path)!r}: needs kind link or medium, bandwidth > 0, latency_s >= 0, "
-                          "queue_depth >= 1")
+                          "queue_depth >= 1 (write_bandwidth > 0, write_latency_s >= 0 where given)")
     return p
 
 

@@ -177,11 +177,12 @@ def disk_profile(measured: dict, op: str = "read_cold") -> dict:
 
 def medium_preset(measured: dict, read: str = "read_cold") -> dict:
     """The fields of a simulator medium preset (kvlab.tiers.timing.Preset, without its name) from
-    :func:`measure_disk`'s result: ``read`` op's fitted latency and bandwidth, the write bandwidth of ``write``
-    (the store's path: fsync and rename included), queue depth 1 (kvlab's store does one op at a time)."""
+    :func:`measure_disk`'s result: ``read`` op's fitted latency and bandwidth, the write latency and bandwidth of
+    ``write`` (the store's path: fsync and rename included), queue depth 1 (kvlab's store does one op at a time)."""
     r, w = disk_profile(measured, read), disk_profile(measured, "write")
     return {"kind": "medium", "bandwidth": r["bandwidth_Bps"], "latency_s": r["latency_s"],
-            "write_bandwidth": w["bandwidth_Bps"], "queue_depth": 1, "calibrated": True,
+            "write_bandwidth": w["bandwidth_Bps"], "write_latency_s": w["latency_s"], "queue_depth": 1,
+            "calibrated": True,
             "description": f"kvlab DiskStore on {measured['directory']} ({read}, write with fsync)",
             "source": r["source"]}
 
