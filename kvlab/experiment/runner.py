@@ -195,12 +195,25 @@ def _watch_parent(parent: int) -> None:
     the run in progress (its write is atomic either way)."""
     while True:
         time.sleep(0.5)
-        try:
-            os.kill(parent, 0)
-        except ProcessLookupError:
+        if not _alive(parent):
             os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
         except PermissionError:
             pass
+        return True
 
 
 def _init_worker(parent: int) -> None:
