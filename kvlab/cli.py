@@ -78,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = table.to_dict("records")
     axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
                                                                                     "cache.capacity_blocks")]
+    if experiment.driver == "simulate":  # latencies of the serving simulator
+        axes += ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
     print_summary(rows, extra=axes)
     print(f"results written to {experiment_folder(experiment, args.results)}")
     return 0
