@@ -290,3 +290,13 @@ def test_two_runs_on_one_folder(tmp_path: Path, trace: Path) -> None:
     assert statuses.count("done") == 6 and statuses.count("skipped") == 6  # each run computed once
     assert len(_check_folder(tmp_path / "r/twice")) == 6
     assert len(kvlab.results.load(str(tmp_path / "r/twice"))) == 6
+
+
+def test_pool_tasks_group_runs_of_one_policy(trace: Path) -> None:
+    from kvlab.experiment.runner import PlannedRun, groups
+
+    runs = [PlannedRun(pt, run, str(i)) for i, (pt, run) in enumerate(expand(Experiment(**experiment_dict(trace))))]
+    assert groups(runs, 1) == [[0, 1, 2], [3, 4, 5]]  # lru, arc
+    split = groups(runs, 2)  # at least two tasks per worker: the groups halved
+    assert len(split) == 4 and sorted(i for g in split for i in g) == list(range(6))
+    assert all(len({runs[i].run.cache.policy for i in g}) == 1 for g in split)

@@ -190,6 +190,26 @@ def experiment_folder(experiment: Experiment, results: str | os.PathLike = "resu
 
 
 # ----------------------------------------------------------------------------- the pool
+def groups(runs: list[PlannedRun], workers: int) -> list[list[int]]:
+    """Indices of ``runs`` in pool tasks: runs of one trace, driver and policy together (a worker compiles
+    or loads a policy's kernels and hashes a trace once per task, not once per run), the largest groups
+    halved until there are at least two tasks per worker; in run order."""
+    keyed: dict[tuple, list[int]] = {}
+    for i, p in enumerate(runs):
+        keyed.setdefault((p.run.trace.model_dump_json(), p.run.driver, p.run.cache.policy), []).append(i)
+    out = list(keyed.values())
+    while len(out) < 2 * workers and max(len(g) for g in out) > 1:
+        big = max(range(len(out)), key=lambda k: len(out[k]))
+        g = out.pop(big)
+        out[big:big] = [g[: len(g) // 2], g[len(g) // 2:]]
+    return out
+
+
+def execute_group(jobs: list[tuple]) -> list[str]:
+    """:func:`execute` of each job in turn (one pool task)."""
+    return [execute(*job) for job in jobs]
+
+
 def _watch_parent(parent: int) -> None:
     """In a pool worker: exit when the process that started the pool is gone (killed with SIGKILL), after
     the run in progress (its write is atomic either way)."""
@@ -263,12 +283,14 @@ def run_experiment(
                 _finished(bar, folder, p, status, on_run, rebuild_table)
         else:
             with _pool(min(workers, len(unique))) as pool:
-                futures = {pool.submit(execute, *job): p for p, job in zip(unique, jobs, strict=True)}
+                futures = {pool.submit(execute_group, [jobs[i] for i in group]): [unique[i] for i in group]
+                           for group in groups(unique, workers)}
                 pending = set(futures)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
-                        _finished(bar, folder, futures[f], f.result(), on_run, rebuild_table)
+                        for p, status in zip(futures[f], f.result(), strict=True):
+                            _finished(bar, folder, p, status, on_run, rebuild_table)
     finally:
         bar.close()
     return load(folder, planned)
