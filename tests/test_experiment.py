@@ -300,3 +300,22 @@ def test_pool_tasks_group_runs_of_one_policy(trace: Path) -> None:
     split = groups(runs, 2)  # at least two tasks per worker: the groups halved
     assert len(split) == 4 and sorted(i for g in split for i in g) == list(range(6))
     assert all(len({runs[i].run.cache.policy for i in g}) == 1 for g in split)
+
+
+def test_the_example_experiment_plans(shared_traces: Path) -> None:
+    from kvlab.experiment import plan
+
+    file = REPO / "examples/experiments/lru_vs_frequency.yaml"
+    experiment = load_experiment(file)
+    planned = plan(experiment, str(file))
+    assert len(planned) == 24 and len({p.run_id for p in planned}) == 24
+    assert {p.run.cache.policy for p in planned} == {"lru", "lfu", "arc", "s3fifo"}
+
+
+def test_a_failing_run_stops_the_pool(tmp_path: Path, trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = experiment_dict(trace, name="fails")
+    data["cache"]["backend"] = "compiled"  # mru has no compiled kernel: its runs fail in a worker
+    data["sweep"] = {"grid": {"cache.policy": ["lru", "mru"], "cache.capacity_blocks": [4, 8]}}
+    with pytest.raises(ConfigError, match="no compiled kernel for policy 'mru'"):
+        run_experiment(Experiment(**data), tmp_path / "r", workers=2, progress=False)
+    _check_folder(tmp_path / "r/fails")

@@ -288,7 +288,8 @@ def run_experiment(
                 status = execute(*job)
                 _finished(bar, folder, p, status, on_run, rebuild_table)
         else:
-            with _pool(min(workers, len(unique))) as pool:
+            pool = _pool(min(workers, len(unique)))
+            try:
                 futures = {pool.submit(execute_group, [jobs[i] for i in group]): [unique[i] for i in group]
                            for group in groups(unique, workers)}
                 pending = set(futures)
@@ -297,6 +298,10 @@ def run_experiment(
                     for f in done:
                         for p, status in zip(futures[f], f.result(), strict=True):
                             _finished(bar, folder, p, status, on_run, rebuild_table)
+            except BaseException:  # an error or Ctrl-C: start no further run (those running end atomically)
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
     finally:
         bar.close()
     return load(folder, planned)
