@@ -114,8 +114,6 @@ class Experiment(Schema):
     seed: Seed = 0
     simulate: dict = Field(default_factory=dict)  # SimConfig fields (rate, max_num_seqs...), driver simulate
     sweep: Sweep = Field(default_factory=lambda: Sweep())
-    #: the file this experiment was read from (error messages); not part of any run's identity
-    source: ClassVar[str | None] = None
 
     def __init__(self, **data: Any) -> None:
         try:
