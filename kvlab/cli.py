@@ -67,6 +67,24 @@ def _check_new_file(path: Path) -> None:
         raise ConfigError(f"{path}: cannot write in {folder} ({exc.strerror or exc}); give another --out") from None
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """``kvlab run EXPERIMENT.yaml``: plan every run (all configs checked), run the missing ones, print the table."""
+    from kvlab.cli_replay import print_summary
+    from kvlab.experiment import experiment_folder, load_experiment, run_experiment
+
+    experiment = load_experiment(args.experiment)
+    table = run_experiment(experiment, args.results, workers=args.workers, resume=not args.no_resume,
+                           progress=not args.quiet)
+    rows = table.to_dict("records")
+    axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
+                                                                                    "cache.capacity_blocks")]
+    if experiment.driver == "simulate":  # latencies of the serving simulator
+        axes += ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
+    print_summary(rows, extra=axes)
+    print(f"results written to {experiment_folder(experiment, args.results)}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from kvlab.demo import run_demo
     from kvlab.results import check_output_location
@@ -317,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(sw)
     sw.add_argument("--out", type=Path, required=True, help="results folder: OUT/<trace>/ + OUT/sweep.parquet")
     sw.set_defaults(func=cmd_sweep)
+
+    run = sub.add_parser("run", parents=[common], help="every run of an experiment file (docs/experiments.md)")
+    run.add_argument("experiment", type=Path, help="experiment YAML file")
+    run.add_argument("--workers", type=int, default=1, help="processes running at once (default 1)")
+    run.add_argument("--results", type=Path, default=Path("results"),
+                     help="results root: runs go to RESULTS/<experiment name>/ (default results)")
+    run.add_argument("--no-resume", action="store_true", help="recompute and replace runs already complete")
+    run.add_argument("--quiet", action="store_true")
+    run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", parents=[common], help="the main job on the embedded default workload (no download)")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))

@@ -174,10 +174,10 @@ def _missing(v: object) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def print_summary(rows: list[dict]) -> None:
+def print_summary(rows: list[dict], extra: list[str] | tuple[str, ...] = ()) -> None:
     """One line per run; with tiers, the device's hit rate and each tier's hit share and size (a share of
     all prompt tokens: device + tiers = token_hit_rate). Rejected requests (larger than the cache, never
-    served) always shown."""
+    served) always shown. ``extra``: further columns shown after the trace (an experiment's sweep axes)."""
     cols = ["trace", "policy", "capacity_blocks", "mode", "token_hit_rate", "block_hit_rate", "request_hit_rate",
             "ideal_hit_rate", "evictions", "rejected_requests", "replay_seconds"]
     tiered = ["device_token_hit_rate"]
@@ -185,6 +185,7 @@ def print_summary(rows: list[dict]) -> None:
         for key in row:
             if key.endswith(("_hit_share", "_capacity_blocks")) and key != "capacity_blocks" and key not in tiered:
                 tiered.append(key)
+    cols = cols[:1] + [c for c in extra if c not in cols] + cols[1:]  # e.g. an experiment's sweep axes
     cols = [c for c in cols + tiered if any(not _missing(row.get(c)) for row in rows)]
     widths = [max(15, len(c)) for c in cols]
     print("  ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))

@@ -128,7 +128,9 @@ def table_row(manifest: dict, summary: dict) -> dict:
     params = identity["config"].get("policy_params") or {}
     summary = canonical_keys(summary)  # runs written before a rename read under today's names (kvlab.names)
     tiers = summary.pop("tiers", None)
+    experiment = manifest.get("experiment")  # kvlab run: the run's config fields by dotted path, first
     row = {
+        **(experiment.get("columns") or {} if isinstance(experiment, dict) else {}),
         "trace": (manifest.get("trace") or {}).get("name"),
         "trace_sha256": identity["trace"]["content_sha256"],
         "run_id": manifest["run_id"],

@@ -1,0 +1,324 @@
+"""The experiment schema: one YAML file (or Python object) describes a whole study.
+
+An :class:`Experiment` holds the trace, the hasher, the cache (block size, capacity, policy and its
+parameters, tiers), the driver (``replay`` or ``simulate``), the model and hardware, the seed, and a
+``sweep``: ``grid`` axes (every combination) and ``zip`` axes (advanced together), each keyed by the dotted
+path of any field (``cache.policy``, ``cache.capacity_blocks``, ``cache.policy_params.small_ratio``,
+``seed``...). :func:`expand` turns it into one validated run (an Experiment without a sweep) per point.
+
+Units: capacities in blocks (``capacity_blocks``), tokens (``capacity_tokens``, rounded down to whole
+blocks) or GiB of KV cache for ``model`` (``capacity_gib``, 2**30 bytes, rounded down to whole blocks);
+block sizes in tokens. Every mistake raises :class:`~kvlab.errors.ConfigError` with one line naming the
+file, the field path, what is allowed and the value given.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from kvlab.errors import ConfigError
+from kvlab.schema import (
+    BlockSize,
+    CapacityBlocks,
+    CountingMode,
+    HashScheme,
+    PositiveInt,
+    Schema,
+    Seed,
+    TraceFormat,
+    _describe,
+    _metadata,
+    check_policy_name,
+    check_policy_params,
+)
+from kvlab.tiers.spec import Tier, check_tiers
+
+DRIVERS = ("replay", "simulate")
+#: fields of the simulator (kvlab.sim.SimConfig) an experiment may set under ``simulate:``
+SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "rate", "time_scale",
+              "tensor_parallel", "dtype", "kv_dtype", "cache_at", "fast_forward", "instances", "router",
+              "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s", "kv_layout")
+CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
+GIB = 1 << 30
+
+
+class Section(BaseModel):
+    """A part of an experiment: validated like :class:`~kvlab.schema.Schema` (no extra fields, no NaN) but
+    without its own ``__init__``, so that errors carry the whole field path from the experiment's root."""
+
+    model_config = Schema.model_config
+
+
+class TraceSpec(Section):
+    """Which requests: a trace path or known name, its format (default: detected), the first ``limit``."""
+
+    path: Annotated[str, Field(min_length=1)]
+    format: TraceFormat | None = None
+    limit: PositiveInt | None = None
+
+
+class HasherSpec(Section):
+    """How prompts become block keys (docs/hashing.md)."""
+
+    scheme: HashScheme = "xxh3_128"
+    root_seed: Seed = 0
+    model_id: str = "kvlab"
+
+
+class CacheSpec(Section):
+    """The device cache: block size (tokens), one capacity, the eviction policy, lower tiers."""
+
+    block_size: BlockSize | None = None  # default: the trace's (hash traces), else 16
+    capacity_blocks: CapacityBlocks | None = None
+    capacity_tokens: Annotated[int, Field(ge=1, le=1 << 50)] | None = None
+    capacity_gib: Annotated[float, Field(gt=0, le=1 << 30)] | None = None
+    policy: str = "lru"
+    policy_params: dict = Field(default_factory=dict)
+    mode: CountingMode = "vllm"
+    backend: Literal["auto", "compiled", "python"] = "auto"
+    verify: bool = False
+    tiers: list[Tier] = Field(default_factory=list)
+    max_load_tokens: Annotated[int, Field(ge=0)] | None = None
+
+    _policy_known = field_validator("policy")(check_policy_name)
+    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
+    _tiers_unique = field_validator("tiers")(check_tiers)
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> CacheSpec:
+        given = [f for f in CAPACITY_FIELDS if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(CAPACITY_FIELDS)}, got "
+                             f"{', '.join(given) if given else 'none'}")
+        return self
+
+
+class Experiment(Schema):
+    """A study: everything one run needs, plus the ``sweep`` axes (see the module docstring)."""
+
+    label: ClassVar[str | None] = "experiment"
+    name: Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    description: str = ""
+    trace: TraceSpec
+    hasher: HasherSpec = Field(default_factory=HasherSpec)
+    cache: CacheSpec
+    driver: Literal["replay", "simulate"] = "replay"
+    model: str | None = None  # a model profile (kvlab.sim.profiles): capacity_gib, tier sizes, the simulator
+    hardware: str | None = None  # a hardware profile (simulate; default h100)
+    seed: Seed = 0
+    simulate: dict = Field(default_factory=dict)  # SimConfig fields (rate, max_num_seqs...), driver simulate
+    sweep: Sweep = Field(default_factory=lambda: Sweep())
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            BaseModel.__init__(self, **data)
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc)) from None
+
+    @field_validator("model")
+    @classmethod
+    def _model_known(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kvlab.sim.profiles import load_model
+
+            load_model(value)
+        return value
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_known(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kvlab.sim.profiles import load_hardware
+
+            load_hardware(value)
+        return value
+
+    @field_validator("simulate")
+    @classmethod
+    def _sim_fields(cls, value: dict) -> dict:
+        unknown = sorted(set(value) - set(SIM_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown simulator field {unknown[0]!r}; allowed: {', '.join(SIM_FIELDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Experiment:
+        if self.cache.capacity_gib is not None and self.model is None:
+            raise ValueError("cache.capacity_gib: GiB of KV need a model (model: llama-3-8b, or a config.json)")
+        if any(t.capacity_gib is not None for t in self.cache.tiers) and self.model is None:
+            raise ValueError("cache.tiers: a tier sized in GiB needs a model (model: ...)")
+        if self.simulate and self.driver != "simulate":
+            raise ValueError(f"simulate: simulator fields need driver: simulate (driver is {self.driver!r})")
+        if self.hardware is not None and self.driver != "simulate":
+            raise ValueError("hardware: only the simulator uses it (driver: simulate)")
+        return self
+
+
+class Sweep(Section):
+    """Sweep axes, each ``dotted.field.path: [values]``: ``grid`` takes every combination, ``zip`` advances
+    its axes together (equal lengths); the points are grid x zip."""
+
+    grid: dict[str, list] = Field(default_factory=dict)
+    zip: dict[str, list] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _axes(self) -> Sweep:
+        for kind in ("grid", "zip"):
+            for path, values in getattr(self, kind).items():
+                check_path(path, f"sweep.{kind}")
+                if not values:
+                    raise ValueError(f"sweep.{kind}.{path}: give at least one value")
+        both = set(self.grid) & set(self.zip)
+        if both:
+            raise ValueError(f"sweep: {sorted(both)[0]!r} is both a grid and a zip axis")
+        lengths = {len(v) for v in self.zip.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"sweep.zip: every axis needs the same number of values, got "
+                             f"{', '.join(f'{k}: {len(v)}' for k, v in self.zip.items())}")
+        return self
+
+
+Experiment.model_rebuild()
+
+#: sweepable top-level fields (``name``, ``description`` and ``sweep`` itself are not axes)
+AXIS_ROOTS = tuple(f for f in Experiment.model_fields if f not in ("name", "description", "sweep"))
+_SECTIONS = {"trace": TraceSpec, "hasher": HasherSpec, "cache": CacheSpec}
+
+
+def check_path(path: str, where: str) -> None:
+    """A sweep axis names a field: ``seed``, ``cache.policy``, ``cache.policy_params.<name>``, ``simulate.<f>``."""
+    parts = path.split(".")
+    if parts[0] not in AXIS_ROOTS:
+        raise ValueError(f"{where}: unknown field {path!r}; allowed: {', '.join(AXIS_ROOTS)} and their fields "
+                         "(e.g. cache.policy, cache.capacity_blocks, cache.policy_params.<name>)")
+    section = _SECTIONS.get(parts[0])
+    if section is not None and len(parts) > 1 and parts[1] not in section.model_fields:
+        raise ValueError(f"{where}: unknown field {path!r}; {parts[0]} has {', '.join(section.model_fields)}")
+    if section is not None and len(parts) > 2 and parts[1] != "policy_params":
+        raise ValueError(f"{where}: {path!r} goes inside {parts[0]}.{parts[1]}, which has no named fields")
+    if section is None and len(parts) > 1 and parts[0] != "simulate":
+        raise ValueError(f"{where}: {parts[0]} has no fields; sweep {parts[0]!r} itself")
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line for the first problem: ``field.path: what is allowed, got X`` (path dotted, from the root)."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    info = None
+    if len(loc) >= 2 and loc[0] in _SECTIONS:
+        info = _SECTIONS[loc[0]].model_fields.get(loc[1])
+    elif loc:
+        info = Experiment.model_fields.get(loc[0])
+    text = _describe(err, _metadata(info))
+    if text.startswith("Value error, "):
+        text = text[len("Value error, "):]
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    if not loc or text.startswith((*(f"{r}." for r in AXIS_ROOTS), f"{loc[0]}.", f"{'.'.join(loc)}:")):
+        return text + more
+    return f"{'.'.join(loc)}: {text}{more}"
+
+
+# ----------------------------------------------------------------------------- files
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment YAML file; ConfigError starting with the file's path."""
+    path = Path(path)
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is present wherever kvlab's dependencies are
+        raise ConfigError("reading experiment files needs pyyaml (pip install pyyaml)") from None
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such experiment file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an experiment file is a mapping (name:, trace:, cache:, ...), got "
+                          f"{type(data).__name__}")
+    trace = data.get("trace")
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str):  # relative to the file's folder
+        candidate = path.parent / trace["path"]
+        if not Path(trace["path"]).is_absolute() and candidate.exists():
+            data = {**data, "trace": {**trace, "path": str(candidate)}}
+    try:
+        return Experiment(**data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- sweeps
+def _set(data: dict, path: str, value: object) -> None:
+    parts = path.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"sweep axis {path!r}: {part} is not a mapping")
+    if len(parts) == 2 and parts[0] == "cache" and parts[1] in CAPACITY_FIELDS:
+        for other in CAPACITY_FIELDS:  # an axis in one unit replaces a capacity given in another
+            node.pop(other, None)
+    node[parts[-1]] = value
+
+
+def points(sweep: Sweep) -> list[dict]:
+    """The sweep's points in order, each ``{axis path: value}``: grid combinations (first axis slowest),
+    each with every zip position."""
+    grid_axes = list(sweep.grid.items())
+    zipped = list(zip(*sweep.zip.values(), strict=True)) if sweep.zip else [()]
+    out = []
+    for combo in itertools.product(*(values for _, values in grid_axes)):
+        for z in zipped:
+            out.append({**dict(zip([k for k, _ in grid_axes], combo, strict=True)),
+                        **dict(zip(sweep.zip, z, strict=True))})
+    return out
+
+
+def expand(experiment: Experiment, source: str | None = None) -> list[tuple[dict, Experiment]]:
+    """``(point, run)`` per sweep point: ``run`` is the experiment with the point's values set and no sweep,
+    validated (ConfigError naming the file, the point and the field)."""
+    base = experiment.model_dump(mode="python", exclude={"sweep"})
+    out = []
+    for i, point in enumerate(points(experiment.sweep)):
+        data = copy.deepcopy(base)
+        for path, value in point.items():
+            _set(data, path, value)
+        try:
+            out.append((point, Experiment(**data)))
+        except ConfigError as exc:
+            where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise ConfigError(f"{source + ': ' if source else ''}sweep point {i + 1} ({where}): {exc}") from None
+    return out
+
+
+def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int:
+    """The device capacity in whole blocks of ``block_size`` tokens (at least 1)."""
+    if cache.capacity_blocks is not None:
+        return cache.capacity_blocks
+    if cache.capacity_tokens is not None:
+        blocks = cache.capacity_tokens // block_size
+        what = f"capacity_tokens {cache.capacity_tokens}"
+    else:
+        from kvlab.sim.profiles import load_model
+
+        per_block = block_size * load_model(model).kv_bytes_per_token
+        blocks = math.floor(cache.capacity_gib * GIB / per_block)
+        what = f"capacity_gib {cache.capacity_gib} ({per_block:,} bytes per block of {model})"
+    if blocks < 1:
+        raise ConfigError(f"cache.{what} is less than one block of {block_size} tokens")
+    return blocks
+
+
+__all__ = ["CAPACITY_FIELDS", "DRIVERS", "SIM_FIELDS", "CacheSpec", "Experiment", "HasherSpec", "Sweep",
+           "TraceSpec", "capacity_blocks", "expand", "load_experiment", "points"]
