@@ -160,7 +160,9 @@ class Workload:
 
     # ------------------------------------------------------------------ views
     def select(self, rows: np.ndarray | slice) -> Workload:
-        """A new Workload with the given rows (kept in their order; parents re-indexed or dropped)."""
+        """A new Workload with the given rows (kept in their order; parents re-indexed or dropped). A row given more
+        than once is copied: copy ``k`` of a row gets copy ``k`` of its parent row as parent (the latest earlier copy
+        if there are fewer; -1 if none), so a session drawn twice stays two sessions."""
         idx = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
         starts, ends = self.prompt_offsets[idx], self.prompt_offsets[idx + 1]
         counts = ends - starts
@@ -180,10 +182,21 @@ class Workload:
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)[idx]
         if self.parent is not None:
-            remap = np.full(len(self), -1, dtype=np.int64)
-            remap[idx] = np.arange(len(idx))
             p = self.parent[idx]
-            kw["parent"] = np.where(p >= 0, remap[np.maximum(p, 0)], -1)
+            if len(np.unique(idx)) == len(idx):
+                remap = np.full(len(self), -1, dtype=np.int64)
+                remap[idx] = np.arange(len(idx))
+                kw["parent"] = np.where(p >= 0, remap[np.maximum(p, 0)], -1)
+            else:  # repeated rows: copy k of a row follows copy k of its parent (a session drawn twice stays two)
+                copies: dict[int, list[int]] = {}
+                parent = np.full(len(idx), -1, dtype=np.int64)
+                for j, (row, par) in enumerate(zip(idx.tolist(), p.tolist(), strict=True)):
+                    mine = copies.setdefault(row, [])
+                    theirs = copies.get(par, []) if par >= 0 else []
+                    if theirs:
+                        parent[j] = theirs[min(len(mine), len(theirs) - 1)]
+                    mine.append(j)
+                kw["parent"] = parent
         for name in CATEGORICAL_COLUMNS:
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)[idx]
