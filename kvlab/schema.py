@@ -123,6 +123,9 @@ class Schema(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", validate_default=True)
     #: the name used in error messages (defaults to the class name)
     label: ClassVar[str | None] = None
+    #: fields added after run identities were first written -> their defaults: ``to_dict`` leaves them out while
+    #: they hold those defaults, so a run that does not use them keeps its run id
+    _LATER: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -131,8 +134,13 @@ class Schema(BaseModel):
             raise config_error(exc, self.label or type(self).__name__, type(self).model_fields) from None
 
     def to_dict(self) -> dict:
-        """Plain JSON-serialisable field values, in declaration order."""
-        return self.model_dump(mode="python")
+        """Plain JSON-serialisable field values, in declaration order (``_LATER`` fields at their defaults left
+        out)."""
+        out = self.model_dump(mode="python")
+        for name, default in self._LATER.items():
+            if out.get(name) == default:
+                del out[name]
+        return out
 
     def replace(self, **changes: Any) -> Schema:
         """A validated copy with ``changes`` applied."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -82,14 +82,7 @@ class ReplayConfig(Schema):
 
     #: fields added after run identities were first written: left out of ``to_dict`` (the identity) at their
     #: defaults, so a run without tiers keeps its run id
-    _LATER = {"tiers": [], "max_load_tokens": None, "model": None}
-
-    def to_dict(self) -> dict:
-        out = super().to_dict()
-        for name, default in self._LATER.items():
-            if out.get(name) == default:
-                del out[name]
-        return out
+    _LATER: ClassVar[dict[str, Any]] = {"tiers": [], "max_load_tokens": None, "model": None}
 
     def validate(self) -> None:
         """Checks that need the policy instance (construction already checked everything else)."""

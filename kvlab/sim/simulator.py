@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -117,15 +117,9 @@ class SimConfig(Schema):
 
     #: fields added after run identities were first written: left out of ``to_dict`` at their defaults, so a
     #: run without tiers keeps its run id
-    _LATER = {"tiers": [], "max_load_tokens": None, "load_or_recompute": False, "tier_overlap": False,
-              "tier_prefetch": "off", "prefetch_timeout_s": 1.0, "kv_layout": "layer", "tier_sync_stores": False}
-
-    def to_dict(self) -> dict:
-        out = super().to_dict()
-        for name, default in self._LATER.items():
-            if out.get(name) == default:
-                del out[name]
-        return out
+    _LATER: ClassVar[dict[str, Any]] = {
+        "tiers": [], "max_load_tokens": None, "load_or_recompute": False, "tier_overlap": False,
+        "tier_prefetch": "off", "prefetch_timeout_s": 1.0, "kv_layout": "layer", "tier_sync_stores": False}
 
     @model_validator(mode="after")
     def _rate_or_time_scale(self) -> SimConfig:
