@@ -17,13 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
 from kvlab.layout.base import Layout, LayoutRequest, Messages, RequestContext, add_to_system
-from kvlab.workload._common import csr
-from kvlab.workload.families.base import token_ids
+from kvlab.workload.families.base import request_columns
 from kvlab.workload.render import Part, RenderedPrompt, render_prompt, rendered_workload
 from kvlab.workload.tokenizer import TextTokenizer
 from kvlab.workload.workload import Workload
@@ -110,23 +108,9 @@ def layout_workload(
     laid = apply_layout(reqs, layout, seed=seed, clock_start=clock_start)
     prompts = [cache.render(r) for r in laid]
     adapters = [r.adapter for r in laid]
-    row_of = {(r.session, r.turn): i for i, r in enumerate(reqs)}
-    columns: dict[str, object] = {
-        "session": np.array([r.session for r in reqs], dtype=np.int64),
-        "turn": np.array([r.turn for r in reqs], dtype=np.int64),
-        "parent": np.array([row_of.get((r.session, r.turn - 1), -1) for r in reqs], dtype=np.int64),
-        "tenant": pd.Categorical([f"tenant{r.tenant}" for r in reqs]),
-        "category": pd.Categorical([str(r.category) for r in reqs]),
-    }
+    columns, out_len = request_columns(reqs, tokenizer)
     if any(a is not None for a in adapters):
         columns["adapter"] = pd.Categorical(adapters)
-    out_len = np.array([int(r.output_tokens) for r in reqs], dtype=np.int64)
-    responses = [getattr(r, "response", ()) for r in reqs]
-    if all(responses):
-        outs = token_ids(tokenizer, ["".join(p.text for p in resp) for resp in responses])
-        out_len = np.array([len(o) for o in outs], dtype=np.int64)
-        columns["output_offsets"] = csr(out_len)
-        columns["output_values"] = np.array([t for o in outs for t in o], dtype=np.int64)
     return rendered_workload(
         prompts, tokenizer, arrival=[r.arrival for r in reqs], output_length=out_len, name=name,
         meta={**(meta or {}), "layout": {"label": layout.label, "steps": layout.identity()}}, **columns,

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-import pandas as pd
-
 from kvlab.errors import ConfigError
 from kvlab.workload.families.agent import TOOL_CATALOGUE, AgentConfig
 from kvlab.workload.families.base import (
@@ -29,7 +26,7 @@ from kvlab.workload.families.base import (
     LengthDist,
     is_reasoning,
     reasoning_part,
-    token_ids,
+    request_columns,
 )
 from kvlab.workload.families.chat import CHAT_PRESETS, ChatConfig
 from kvlab.workload.families.mix import MixComponent, MixConfig, generate_mix
@@ -84,22 +81,7 @@ def family_workload(
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
     reqs = [requests[i] for i in order]
     prompts = [render_prompt(tokenizer, r.messages, date_string=date_string) for r in reqs]
-    row_of = {(r.session, r.turn): i for i, r in enumerate(reqs)}
-    columns: dict[str, object] = {
-        "session": np.array([r.session for r in reqs], dtype=np.int64),
-        "turn": np.array([r.turn for r in reqs], dtype=np.int64),
-        "parent": np.array([row_of.get((r.session, r.turn - 1), -1) for r in reqs], dtype=np.int64),
-        "tenant": pd.Categorical([f"tenant{r.tenant}" for r in reqs]),
-        "category": pd.Categorical([r.category for r in reqs]),
-    }
-    out_len = np.array([r.output_tokens for r in reqs], dtype=np.int64)
-    if reqs and all(r.response for r in reqs):
-        outs = token_ids(tokenizer, ["".join(p.text for p in r.response) for r in reqs])
-        out_len = np.array([len(o) for o in outs], dtype=np.int64)
-        offsets = np.zeros(len(outs) + 1, dtype=np.int64)
-        np.cumsum(out_len, out=offsets[1:])
-        columns["output_offsets"] = offsets
-        columns["output_values"] = np.array([t for o in outs for t in o], dtype=np.int64)
+    columns, out_len = request_columns(reqs, tokenizer)
     counts = {s: sum(r.answer_source == s for r in reqs) for s in ANSWER_SOURCES}
     return rendered_workload(
         prompts, tokenizer, arrival=[r.arrival for r in reqs], output_length=out_len, name=name,

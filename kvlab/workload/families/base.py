@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field
 
 from kvlab.errors import ConfigError
 from kvlab.schema import Schema
+from kvlab.workload._common import csr
 from kvlab.workload.render import Message as Message  # re-exported: families build Messages
 from kvlab.workload.render import Part
 from kvlab.workload.tokenizer import ByteTextTokenizer, HFTokenizer, TextTokenizer, load_tokenizer
@@ -247,6 +249,30 @@ def token_ids(tokenizer: TextTokenizer, texts: Sequence[str]) -> list[list[int]]
     if isinstance(tokenizer, HFTokenizer):
         return list(tokenizer.hf(list(texts), add_special_tokens=False)["input_ids"]) if texts else []
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def request_columns(reqs: Sequence[GeneratedRequest], tokenizer: TextTokenizer) -> tuple[dict, np.ndarray]:
+    """The Workload columns of requests (:class:`GeneratedRequest`, or objects with its fields; ``response``
+    optional) in row order: ``session``, ``turn``, ``parent`` (row of the same
+    session's previous turn, -1 if none), ``tenant`` (``tenant<k>``), ``category``; and the output lengths
+    (tokens): each response's token count under ``tokenizer`` when every request has a response text (its ids
+    then become ``output_offsets`` / ``output_values``, the known outputs), else ``output_tokens``."""
+    row_of = {(r.session, r.turn): i for i, r in enumerate(reqs)}
+    columns: dict[str, object] = {
+        "session": np.array([r.session for r in reqs], dtype=np.int64),
+        "turn": np.array([r.turn for r in reqs], dtype=np.int64),
+        "parent": np.array([row_of.get((r.session, r.turn - 1), -1) for r in reqs], dtype=np.int64),
+        "tenant": pd.Categorical([f"tenant{r.tenant}" for r in reqs]),
+        "category": pd.Categorical([str(r.category) for r in reqs]),
+    }
+    out_len = np.array([int(r.output_tokens) for r in reqs], dtype=np.int64)
+    responses = [getattr(r, "response", ()) for r in reqs]
+    if reqs and all(responses):
+        outs = token_ids(tokenizer, ["".join(p.text for p in resp) for resp in responses])
+        out_len = np.array([len(o) for o in outs], dtype=np.int64)
+        columns["output_offsets"] = csr(out_len)
+        columns["output_values"] = np.array([t for o in outs for t in o], dtype=np.int64)
+    return columns, out_len
 
 
 class TextPool:
