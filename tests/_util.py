@@ -118,3 +118,26 @@ def write_oracle_general(path, keys: np.ndarray) -> None:
     rec["size"] = 1
     rec["next"] = np.where(nxt == NEVER, -1, nxt)
     rec.tofile(path)
+
+
+def tiny_chat(n: int, seed: int = 3, max_output: int = 4):
+    """A small multi-turn chat trace in tiny-llama's vocabulary (1,024 ids; shared system prompts and documents),
+    outputs capped at ``max_output`` tokens."""
+    import dataclasses
+
+    from kvlab.workload import synthetic_chat
+
+    wl = synthetic_chat(n, seed=seed, n_tenants=2, system_tokens=(16, 48), n_docs=4, doc_tokens=(40, 120),
+                        user_median=12, answer_median=10, vocab_size=1024, vocab_offset=8)
+    return dataclasses.replace(wl, output_length=np.minimum(wl.output_length, max_output))
+
+
+def cli_error(capsys, argv: list[str]) -> str:
+    """``kvlab argv`` exits 2 with exactly one ``kvlab: error:`` line on stderr; that line."""
+    from kvlab.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvlab: error:"), err
+    return lines[0]

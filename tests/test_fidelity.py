@@ -9,13 +9,13 @@ small fidelity run of a tiny model. Torch runs one thread.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _util import tiny_chat
 
 from kvlab.cli import main
 from kvlab.engine import Engine, build_random_model
@@ -32,7 +32,7 @@ from kvlab.sim.calibrate import (
 from kvlab.sim.clocks import ThreadClock
 from kvlab.sim.engine_executor import engine_model_profile, run_engine_serving
 from kvlab.sim.fidelity import fidelity, saturation_throughput, zero_arrivals
-from kvlab.workload import from_lists, save_jsonl, synthetic_chat
+from kvlab.workload import from_lists, save_jsonl
 
 VOCAB = 1024  # tiny-llama
 
@@ -41,13 +41,6 @@ VOCAB = 1024  # tiny-llama
 def engine():
     torch.set_num_threads(1)
     return Engine(build_random_model("tiny-llama", seed=0), capacity_blocks=96, block_size=8, num_threads=1)
-
-
-def chat(n: int, seed: int = 3, max_output: int = 4):
-    """A small multi-turn chat trace in tiny-llama's vocabulary (shared system prompts and documents)."""
-    wl = synthetic_chat(n, seed=seed, n_tenants=2, system_tokens=(16, 48), n_docs=4, doc_tokens=(40, 120),
-                        user_median=12, answer_median=10, vocab_size=VOCAB, vocab_offset=8)
-    return dataclasses.replace(wl, output_length=np.minimum(wl.output_length, max_output))
 
 
 def samples_from(points, seconds) -> pd.DataFrame:
@@ -119,7 +112,7 @@ def test_calibrated_profile_saves_loads_and_labels_results(tmp_path):
     report = json.loads((tmp_path / "cal.fit.json").read_text())
     assert report["device_name"] == "test-cpu" and report["residuals"]["n"] == len(QUICK_GRID)
     assert len(report["samples"]) == len(QUICK_GRID) and "residual" in report["samples"][0]
-    s = simulate(chat(20), model=tmp_path / "cal.model.json", hardware=path, capacity_blocks=200).summary
+    s = simulate(tiny_chat(20), model=tmp_path / "cal.model.json", hardware=path, capacity_blocks=200).summary
     assert s["calibration"] == "calibrated" and s["cost_model"] == "tiny-llama@cpu-local-cal-tiny-llama"
 
 
@@ -127,7 +120,7 @@ def test_calibrated_profile_saves_loads_and_labels_results(tmp_path):
 @pytest.mark.parametrize(("max_num_seqs", "capacity", "budget"), [(1, 60, 64), (4, 40, 48)])
 def test_engine_serving_makes_the_simulators_decisions(engine, max_num_seqs, capacity, budget):
     """All arrivals at t=0: scheduling does not depend on timing, so hits, evictions, preemptions, chunks agree."""
-    wl = zero_arrivals(chat(40, max_output=6))
+    wl = zero_arrivals(tiny_chat(40, max_output=6))
     kw = dict(capacity_blocks=capacity, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     eng = run_engine_serving(wl, engine, timer="thread", **kw)
     sim = simulate(wl, model=eng.model, hardware="cpu-local", block_size=engine.block_size, fast_forward=False, **kw)
@@ -169,7 +162,7 @@ def test_thread_clock_skips_idle_gaps():
 
 
 def test_engine_serving_results_save(engine, tmp_path):
-    wl = chat(12)
+    wl = tiny_chat(12)
     res = run_engine_serving(wl, engine, rate=200.0, max_num_seqs=2, timer="thread")
     run = read_results(res.save(tmp_path / "eng"))
     assert run.manifest["driver"] == "engine-serving" and run.manifest["config"]["engine"]["model_id"]
@@ -189,7 +182,7 @@ def test_small_fidelity_run(engine):
 
     Loose bound: timings on a shared two-core machine are noisy (benchmarks/fidelity.py holds the real target).
     """
-    wl = chat(40, seed=11)
+    wl = tiny_chat(40, seed=11)
     res = fidelity(wl, engine, None, grid=QUICK_GRID, loads=(0.5, 0.8), repeats=2, saturation_repeats=1,
                    timer="thread", capacity_blocks=64, max_num_batched_tokens=128)
     cal = res.calibration  # measured in rounds: before the first run and after every run (1 + 1 + 2 x 2)
@@ -210,7 +203,7 @@ def test_small_fidelity_run(engine):
 
 
 def test_saturation_throughput_of_a_run(engine):
-    res = run_engine_serving(zero_arrivals(chat(8)), engine, timer="thread", max_num_seqs=1)
+    res = run_engine_serving(zero_arrivals(tiny_chat(8)), engine, timer="thread", max_num_seqs=1)
     assert saturation_throughput(res) == pytest.approx(8 / res.requests["finished_s"].max())
 
 
@@ -220,7 +213,7 @@ def test_cli_calibrate_and_engine_executor(tmp_path, capsys):
     assert main(["calibrate", "--engine-model", "tiny-llama", "--quick", "--repeats", "1", "--capacity-blocks", "160",
                  "--out", str(out), "--quiet"]) == 0
     assert load_hardware(out).calibrated and "eta" not in capsys.readouterr().err
-    trace = save_jsonl(chat(10), tmp_path / "chat.jsonl")
+    trace = save_jsonl(tiny_chat(10), tmp_path / "chat.jsonl")
     assert main(["simulate", str(trace), "--format", "jsonl", "--executor", "engine", "--engine-model", "tiny-llama",
                  "--capacity-blocks", "100", "--max-num-seqs", "1", "--timer", "thread", "--out",
                  str(tmp_path / "eng"), "--quiet"]) == 0

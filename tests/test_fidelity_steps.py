@@ -8,12 +8,11 @@ one torch thread, thread-CPU timer.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _util import tiny_chat
 
 from kvlab.engine import Engine, build_random_model
 from kvlab.sim import CostModel, load_hardware, simulate
@@ -31,21 +30,12 @@ from kvlab.sim.steps import (
     step_kind,
     step_noise,
 )
-from kvlab.workload import synthetic_chat
-
-VOCAB = 1024  # tiny-llama
 
 
 @pytest.fixture(scope="module")
 def engine():
     torch.set_num_threads(1)
     return Engine(build_random_model("tiny-llama", seed=0), capacity_blocks=96, block_size=8, num_threads=1)
-
-
-def chat(n: int, seed: int = 3, max_output: int = 4):
-    wl = synthetic_chat(n, seed=seed, n_tenants=2, system_tokens=(16, 48), n_docs=4, doc_tokens=(40, 120),
-                        user_median=12, answer_median=10, vocab_size=VOCAB, vocab_offset=8)
-    return dataclasses.replace(wl, output_length=np.minimum(wl.output_length, max_output))
 
 
 def test_step_kinds_and_frame_columns():
@@ -63,7 +53,7 @@ def test_step_kinds_and_frame_columns():
 @pytest.mark.parametrize(("max_num_seqs", "budget", "batched"), [(1, 64, False), (4, 48, False), (4, 48, True)])
 def test_engine_steps_are_recorded_with_consistent_totals(engine, max_num_seqs, budget, batched):
     """Per-entry forwards and packed ones (continuous batching) record their steps alike."""
-    wl = chat(24, max_output=6)
+    wl = tiny_chat(24, max_output=6)
     res = run_engine_serving(wl, engine, rate=100.0, timer="thread", capacity_blocks=60, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=budget, batched=batched)
     steps = res.steps
@@ -84,7 +74,7 @@ def test_prediction_is_the_cost_models_step_time(engine):
     """The prediction of a recorded step is CostModel.duration of its batch: the simulator's executor gives the
     same seconds, and a simulated run of the same batches (all arrivals at 0, one sequence per step: the
     schedule does not depend on timing) steps through exactly those durations."""
-    wl = zero_arrivals(chat(16))
+    wl = zero_arrivals(tiny_chat(16))
     kw = dict(capacity_blocks=60, max_num_seqs=1, max_num_batched_tokens=64)
     eng = run_engine_serving(wl, engine, timer="thread", **kw)
     hw = load_hardware("cpu-local").with_overrides(compute_efficiency=0.3, step_overhead_s=0.004,
@@ -121,7 +111,7 @@ def test_step_errors_table():
 
 
 def test_fidelity_reports_steps_and_busy_ratios(engine):
-    wl = chat(16, seed=11)
+    wl = tiny_chat(16, seed=11)
     res = fidelity(wl, engine, None, grid=QUICK_GRID, loads=(0.5, 0.8), repeats=2, saturation_repeats=1,
                    timer="thread", capacity_blocks=64, max_num_batched_tokens=64)
     steps, table = res.steps, res.table.set_index("load")

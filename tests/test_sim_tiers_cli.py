@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _util import cli_error
 
 from kvlab.cli import main
 from kvlab.results import read_results
@@ -25,14 +26,6 @@ def trace(shared_file, tmp_path_factory):
     """The first 120 requests of Mooncake conversation (512-token hash blocks), as a file."""
     w = load_trace(str(shared_file("mooncake/conversation_trace.jsonl")), format="mooncake").head(120)
     return w, save_jsonl(w, tmp_path_factory.mktemp("sim-tiers") / "conv.jsonl")
-
-
-def _error(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvlab: error:"), err
-    return lines[0]
 
 
 def test_simulate_with_timed_tiers_equals_the_python_call_and_records_the_fields(tmp_path, capsys, trace):
@@ -96,7 +89,7 @@ def test_simulate_with_untimed_tiers_and_no_tiers(tmp_path, capsys, trace):
 def test_bad_tier_flags_exit_2_with_one_line_naming_the_flag_before_the_trace_is_read(tmp_path, capsys, extra,
                                                                                       words):
     missing = tmp_path / "no-such-trace.jsonl"  # read only after every flag is checked
-    line = _error(capsys, ["simulate", str(missing), *BASE, *extra, "--out", str(tmp_path / "run")])
+    line = cli_error(capsys, ["simulate", str(missing), *BASE, *extra, "--out", str(tmp_path / "run")])
     assert all(w in line for w in words), line
     assert "no-such-trace" not in line and not (tmp_path / "run").exists()
 
@@ -126,5 +119,6 @@ def test_engine_executor_serves_from_real_dram_and_disk_tiers(tmp_path, capsys):
     assert not disk.exists()  # the folder kvlab created for its block files is removed at the end of the run
     timing = ((["--tier-overlap"], "--tier-overlap"), (["--tier-prefetch", "best_effort"], "--tier-prefetch"))
     for extra, named in timing:
-        assert named in _error(capsys, [*argv[:-2], "--out", str(tmp_path / "x"), *extra])
-    assert "--tier-dir" in _error(capsys, ["simulate", str(path), "--tier", "ssd:blocks=40", "--tier-dir", str(disk)])
+        assert named in cli_error(capsys, [*argv[:-2], "--out", str(tmp_path / "x"), *extra])
+    no_engine = ["simulate", str(path), "--tier", "ssd:blocks=40", "--tier-dir", str(disk)]
+    assert "--tier-dir" in cli_error(capsys, no_engine)

@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+from _util import cli_error
 
 from kvlab.cli import main
 from kvlab.results import read_results
@@ -21,14 +22,6 @@ BASE = ["--block-size", "16", "--capacity-blocks", "48", "--backend", "python", 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     return save_jsonl(synthetic_chat(60, seed=3), tmp_path_factory.mktemp("tiers") / "chat.jsonl")
-
-
-def _error(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvlab: error:"), err
-    return lines[0]
 
 
 def test_replay_with_tiers_writes_columns_summary_and_prints_shares(tmp_path, capsys, trace):
@@ -68,7 +61,7 @@ def test_replay_with_tiers_writes_columns_summary_and_prints_shares(tmp_path, ca
 ])
 def test_bad_tier_specs_exit_2_with_one_line_before_the_trace_is_read(tmp_path, capsys, spec, words):
     missing = tmp_path / "no-such-trace.jsonl"  # read only after every flag is checked
-    line = _error(capsys, ["replay", str(missing), *BASE, "--tier", spec, "--out", str(tmp_path / "run")])
+    line = cli_error(capsys, ["replay", str(missing), *BASE, "--tier", spec, "--out", str(tmp_path / "run")])
     assert all(w in line for w in words), line
     assert not (tmp_path / "run").exists()
 
@@ -84,7 +77,7 @@ def test_bad_tier_specs_exit_2_with_one_line_before_the_trace_is_read(tmp_path, 
 ])
 def test_bad_tier_options_exit_2_with_one_line(tmp_path, capsys, extra, words):
     for command in ("replay", "sweep"):
-        line = _error(capsys, [command, str(tmp_path / "absent.jsonl"), *BASE, *extra, "--out", str(tmp_path / "o")])
+        line = cli_error(capsys, [command, str(tmp_path / "absent.jsonl"), *BASE, *extra, "--out", str(tmp_path / "o")])
         assert all(w in line for w in words), line
         assert not (tmp_path / "o").exists()
 
