@@ -1,0 +1,105 @@
+"""One figure style for every kvlab plot, and one way to save a figure with the data behind it.
+
+* Colours: the Okabe-Ito palette (colour-blind safe, 8 colours). Series beyond 8 also change line style
+  and marker (:func:`series_style`), so no two series of one figure look alike.
+* Sizes: :data:`SINGLE` (one panel), :data:`WIDE` (two or three panels side by side).
+* :func:`save` writes ``<folder>/<name>.png`` and ``.pdf`` (atomically), the data drawn as
+  ``<name>.parquet`` (a tidy frame) and ``<name>.json`` (the caption: what the figure shows, and where its
+  numbers came from: experiment config hash, trace checksum). Parquet files are written without pandas'
+  index and with sorted metadata so the same data gives the same bytes.
+
+Figure folders: :func:`figure_folder` is ``$KVLAB_FIGURES_DIR/<notebook>`` (default ``results/figures``), the
+layout ``make figures`` fills (docs/figures.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import pandas as pd
+from matplotlib.figure import Figure
+
+from kvlab.results import atomic_write_file
+
+#: Okabe & Ito (2008), "Color Universal Design": black omitted (kept for baselines)
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999")
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: baselines (infinite cache, Belady, FLOP ideal): black, each with its own dash pattern
+BASELINE = {"infinite cache": (0, (5, 3)), "belady": (0, (1, 2)), "flop ideal": (0, (3, 1, 1, 1))}
+SINGLE = (5.5, 3.6)  # inches: one panel
+WIDE = (11.0, 3.8)  # inches: two or three panels
+DPI = 150
+
+RC = {
+    "figure.figsize": SINGLE,
+    "figure.dpi": 100,
+    "savefig.dpi": DPI,
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.prop_cycle": mpl.cycler(color=PALETTE),
+    "pdf.fonttype": 42,  # TrueType in PDFs (editable text, accepted by publishers)
+    "svg.hashsalt": "kvlab",
+}
+
+
+def apply() -> None:
+    """Make the kvlab style matplotlib's default (notebooks call it once at the top)."""
+    mpl.rcParams.update(RC)
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """Colour, line style and marker of series ``i`` (0-based): the first 8 differ by colour and marker;
+    from the 9th on the line style changes too, so series ``i`` and ``i + 8`` never look the same."""
+    return {"color": PALETTE[i % len(PALETTE)], "linestyle": LINESTYLES[(i // len(PALETTE)) % len(LINESTYLES)],
+            "marker": MARKERS[i % len(MARKERS)]}
+
+
+def baseline_style(name: str) -> dict[str, Any]:
+    """A reference line (``infinite cache``, ``belady``, ``flop ideal``): black, thin, its own dashes."""
+    return {"color": "black", "linewidth": 1.0, "linestyle": BASELINE.get(name.lower(), (0, (4, 2)))}
+
+
+def figure_folder(notebook: str) -> Path:
+    """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures."""
+    return Path(os.environ.get("KVLAB_FIGURES_DIR", "results/figures")) / notebook
+
+
+def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame | None = None,
+         caption: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write ``fig`` as ``folder/name.png`` and ``.pdf``, ``data`` as ``name.parquet`` and ``caption`` as
+    ``name.json``, each atomically; returns the paths written. Same data, same parquet bytes."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in ("png", "pdf"):
+        path = folder / f"{name}.{fmt}"
+        metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Producer": None, "CreationDate": None}
+        atomic_write_file(path, lambda p, fmt=fmt, md=metadata: fig.savefig(p, dpi=DPI, format=fmt,
+                                                                             bbox_inches="tight", metadata=md))
+        paths.append(path)
+    if data is not None:
+        path = folder / f"{name}.parquet"
+        frame = data.reset_index(drop=True)
+        frame.attrs = {}
+        atomic_write_file(path, lambda p: frame.to_parquet(p, index=False))
+        paths.append(path)
+    if caption is not None:
+        path = folder / f"{name}.json"
+        text = json.dumps(dict(caption), indent=2, sort_keys=True, default=str) + "\n"
+        atomic_write_file(path, lambda p: Path(p).write_text(text))
+        paths.append(path)
+    return paths
+
+
+__all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
+           "figure_folder", "save", "series_style"]
