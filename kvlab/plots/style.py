@@ -70,8 +70,54 @@ def baseline_style(name: str) -> dict[str, Any]:
 
 
 def figure_folder(notebook: str) -> Path:
-    """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures."""
-    return Path(os.environ.get("KVLAB_FIGURES_DIR", "results/figures")) / notebook
+    """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures:
+    ``$KVLAB_FIGURES_DIR/<notebook>``; by default ``results/figures/<notebook>``, or
+    ``results/figures/quick/<notebook>`` in quick mode (``KVLAB_QUICK=1``), so a quick run never replaces
+    the full figures."""
+    root = os.environ.get("KVLAB_FIGURES_DIR")
+    if root is None:
+        root = "results/figures/quick" if os.environ.get("KVLAB_QUICK") == "1" else "results/figures"
+    return Path(root) / notebook
+
+
+def caption(finding: str, *, config: Mapping[str, Any] | None = None, workload: Any = None,
+            run_ids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A figure's caption record: the one-line ``finding``, the hash of the ``config`` that produced it
+    (kvlab.results.run_id of the config as JSON), the trace it read (``workload``: a kvlab Workload; its
+    source, content sha256 and file sha256), the ``run_ids`` of experiment runs drawn, and any ``extra``
+    fields (e.g. ``quick=True``). :func:`caption_markdown` renders it for the cell under the figure."""
+    from kvlab.results import run_id
+
+    out: dict[str, Any] = {"finding": finding}
+    if config is not None:
+        out["config"] = dict(config)
+        out["config_hash"] = run_id({"config": dict(config)})
+    if workload is not None:
+        ident = workload.identity()
+        out["trace"] = {"source": str(workload.source), "content_sha256": ident.get("content_sha256"),
+                        "file_sha256": ident.get("file_sha256"), "requests": len(workload)}
+    if run_ids is not None:
+        out["run_ids"] = list(run_ids)
+    out.update(extra)
+    return out
+
+
+def caption_markdown(record: Mapping[str, Any]) -> str:
+    """The caption as Markdown: the finding, then config hash, trace (name, sha256 prefix) and run count."""
+    parts = [str(record.get("finding", ""))]
+    facts = []
+    if "config_hash" in record:
+        facts.append(f"config `{record['config_hash']}`")
+    trace = record.get("trace")
+    if trace:
+        sha = trace.get("file_sha256") or trace.get("content_sha256") or ""
+        facts.append(f"trace `{Path(str(trace.get('source', ''))).name}` (sha256 `{str(sha)[:12]}`, "
+                     f"{trace.get('requests', '?'):,} requests)")
+    if record.get("run_ids"):
+        facts.append(f"{len(record['run_ids'])} runs")
+    if facts:
+        parts.append("*Source:* " + "; ".join(facts) + ".")
+    return "\n\n".join(p for p in parts if p)
 
 
 def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame | None = None,
@@ -102,4 +148,4 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
 
 
 __all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
-           "figure_folder", "save", "series_style"]
+           "caption", "caption_markdown", "figure_folder", "save", "series_style"]
