@@ -4,7 +4,8 @@ Layout (docs/figures.md): ``OUT/<notebook>/<figure>.{png,pdf,parquet,json}`` wri
 (:func:`kvlab.plots.style.save`), ``OUT/<notebook>/<notebook>.ipynb`` the executed copy (outputs kept; the git
 copy is never touched) and ``OUT/index.json`` + ``OUT/index.md``: every figure with its caption's finding,
 config hash and trace checksum. A caption with ``"needs_download": "<command>"`` marks a figure whose data is
-absent; ``"timing": true`` marks data that holds measured wall times (not byte-stable between runs).
+absent; ``"timing": true`` marks data that holds measured wall times (not byte-stable between runs), ``"timing":
+["col", ...]`` the columns that do (the rest must repeat byte for byte).
 """
 
 from __future__ import annotations
@@ -243,6 +244,8 @@ def figure_records(folder: Path, since: float | None = None) -> list[dict[str, A
         cap = cap if isinstance(cap, dict) else {}
         trace = cap.get("trace") if isinstance(cap.get("trace"), dict) else {}
         data = folder / f"{name}.parquet"
+        timing = cap.get("timing", False)
+        timing = sorted(map(str, timing)) if isinstance(timing, list) else bool(timing)
         records.append({
             "name": name,
             "files": [p.name for p in files],
@@ -250,12 +253,46 @@ def figure_records(folder: Path, since: float | None = None) -> list[dict[str, A
             "config_hash": cap.get("config_hash"),
             "trace": Path(str(trace["source"])).name if trace.get("source") else None,
             "trace_sha256": trace.get("file_sha256") or trace.get("content_sha256"),
-            "timing": bool(cap.get("timing", False)),
+            "timing": timing,
             "needs_download": cap.get("needs_download"),
             "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest() if data.is_file() else None,
+            "stable_sha256": _stable_sha256(data, timing) if data.is_file() else None,
             "stale": since is not None and max(p.stat().st_mtime for p in files) < since - 2.0,
         })
     return records
+
+
+def caption_problems(folder: Path) -> list[str]:
+    """Figures in ``folder`` whose caption is missing or incomplete (a finding and a config hash) or is not
+    shown in the executed notebook ``folder/<folder name>.ipynb`` (its config hash and trace sha256 prefix in
+    some cell's output, as ``style.caption_markdown`` writes them)."""
+    executed = _read_json(folder / f"{folder.name}.ipynb")
+    shown = json.dumps([c.get("outputs", []) for c in executed.get("cells", [])]) if isinstance(executed, dict) else ""
+    problems = []
+    for f in figure_records(folder):
+        if f["stale"] or f["needs_download"]:
+            continue
+        if not f["finding"] or not f["config_hash"]:
+            problems.append(f"{folder.name}/{f['name']}: caption without a finding or config hash")
+        elif f["config_hash"] not in shown or (f["trace_sha256"] and f["trace_sha256"][:12] not in shown):
+            problems.append(f"{folder.name}/{f['name']}: no cell output shows its caption (config hash, trace)")
+    return problems
+
+
+def _stable_sha256(path: Path, timing: bool | list[str]) -> str | None:
+    """sha256 of the part of a figure's data that must repeat: the whole parquet file, or (``timing`` a list of
+    columns) the data without those columns, re-encoded; None when all of it is timing."""
+    if timing is True:
+        return None
+    if not timing:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    import io
+
+    import pandas as pd
+
+    buffer = io.BytesIO()
+    pd.read_parquet(path).drop(columns=timing, errors="ignore").to_parquet(buffer, index=False)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
 def build_index(out: Path, quick: bool) -> dict[str, Any]:
@@ -275,10 +312,10 @@ def build_index(out: Path, quick: bool) -> dict[str, Any]:
 
 
 def data_digests(index: dict[str, Any]) -> dict[str, str]:
-    """``{"<notebook>/<figure>": sha256 of its parquet}`` for every figure whose data is not timing: the files
-    two runs must write byte-equal."""
-    return {f"{nb['notebook']}/{f['name']}": f["data_sha256"] for nb in index["notebooks"] for f in nb["figures"]
-            if f["data_sha256"] and not f["timing"] and not f["stale"]}
+    """``{"<notebook>/<figure>": stable_sha256}`` for every figure with data that is not all timing: what two
+    runs must write byte-equal (the parquet file, or its non-timing columns)."""
+    return {f"{nb['notebook']}/{f['name']}": f["stable_sha256"] for nb in index["notebooks"] for f in nb["figures"]
+            if f["stable_sha256"] and not f["stale"]}
 
 
 def index_markdown(index: dict[str, Any]) -> str:
@@ -396,6 +433,8 @@ def cmd_figures(args: argparse.Namespace) -> int:
             run = run_notebook(nb, out, quick=args.quick, executed_dir=args.executed)
             runs.append(run)
             print(f"{nb.stem}: {len(run.figures)} figures in {run.seconds:.1f} s", flush=True)
+            for problem in caption_problems(out / nb.stem):
+                print(f"warning: {problem}", flush=True)
     finally:
         write_index(out, args.quick)
     _print_summary(runs, out)
@@ -414,6 +453,6 @@ def _print_summary(runs: list[NotebookRun], out: Path) -> None:
     print(f"index: {out / 'index.md'}")
 
 
-__all__ = ["INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index", "check_targets", "data_digests",
-           "default_out", "executed_path", "figure_records", "kernel_environment", "run_notebook",
-           "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]
+__all__ = ["INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index", "caption_problems",
+           "check_targets", "data_digests", "default_out", "executed_path", "figure_records", "kernel_environment",
+           "run_notebook", "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]

@@ -12,16 +12,17 @@ import pytest
 from _util import cli_error
 
 from kvlab.cli import main
-from kvlab.figures import data_digests, select_notebooks
+from kvlab.figures import build_index, caption_problems, data_digests, select_notebooks
 
 pytestmark = pytest.mark.slow
 
 #: a small notebook in the conventions of every kvlab notebook (notebooks/*.ipynb): a parameters cell, style.save
-#: with data and caption, a figure of measured wall times (timing) and one whose trace is absent (needs download)
+#: with data and caption, a figure of measured wall times (timing columns) and one whose trace is absent
 CELLS = [
     ("markdown", "# tiny\nA replay of a generated chat trace."),
     ("parameters", 'import os\n\nQUICK = os.environ.get("KVLAB_QUICK") == "1"\nREQUESTS = 60 if QUICK else 200'),
-    ("code", "import time\n\nimport matplotlib.pyplot as plt\nimport pandas as pd\n\nfrom kvlab.plots import style\n"
+    ("code", "import time\n\nimport matplotlib.pyplot as plt\nimport pandas as pd\n"
+             "from IPython.display import Markdown, display\n\nfrom kvlab.plots import style\n"
              "from kvlab.sweep import grid, run_sweep\nfrom kvlab.workload import synthetic_chat\n\n"
              "style.apply()\nFIGURES = style.figure_folder('01_tiny')\n"
              "workload = synthetic_chat(REQUESTS, seed=5, n_tenants=2, system_tokens=(16, 48), n_docs=4, "
@@ -37,9 +38,11 @@ CELLS = [
              "best = data['token_hit_rate'].max()\n"
              "cap = style.caption(f'LRU reaches {best:.1%}.', config=config, workload=workload, quick=QUICK)\n"
              "style.save(fig, FIGURES, 'hit_rate', data=data, caption=cap)\n"
+             "display(Markdown(style.caption_markdown(cap)))\n"
              "fig, ax = plt.subplots()\nax.bar(['sweep'], [elapsed])\nax.set_ylabel('wall time (s)')\n"
-             "style.save(fig, FIGURES, 'wall_time', data=pd.DataFrame({'seconds': [elapsed]}), "
-             "caption=style.caption(f'{elapsed:.3f} s', config=config, timing=True))\n"
+             "style.save(fig, FIGURES, 'wall_time', data=pd.DataFrame({'phase': ['sweep'], 'seconds': [elapsed]}), "
+             "caption=(wall := style.caption(f'{elapsed:.3f} s', config=config, timing=['seconds'])))\n"
+             "display(Markdown(style.caption_markdown(wall)))\n"
              "fig, ax = plt.subplots()\nax.text(0.5, 0.5, 'needs download', ha='center')\n"
              "style.save(fig, FIGURES, 'absent_trace', caption=style.caption('not computed', "
              "needs_download='kvlab download mooncake_arxiv'))"),
@@ -78,7 +81,7 @@ def test_two_runs_write_byte_equal_data_and_an_index(notebooks, tmp_path, capsys
     for out in outs:
         assert main(["figures", "--quick", "--notebooks", str(notebooks), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "01_tiny: 3 figures in" in printed and "total" in printed
+    assert "01_tiny: 3 figures in" in printed and "total" in printed and "warning" not in printed
     first, second = (index_of(out) for out in outs)
     assert first["kind"] == "kvlab figures index" and first["quick"] is True
     figures = {f["name"]: f for f in first["notebooks"][0]["figures"]}
@@ -86,12 +89,14 @@ def test_two_runs_write_byte_equal_data_and_an_index(notebooks, tmp_path, capsys
     hit = figures["hit_rate"]
     assert hit["files"] == ["hit_rate.png", "hit_rate.pdf", "hit_rate.parquet", "hit_rate.json"]
     assert hit["finding"].startswith("LRU reaches") and len(hit["config_hash"]) > 8 and hit["trace_sha256"]
-    assert figures["wall_time"]["timing"]
+    assert figures["wall_time"]["timing"] == ["seconds"]
     assert figures["absent_trace"]["needs_download"] == "kvlab download mooncake_arxiv"
     assert not any(f["stale"] for f in figures.values())
-    # the data byte-equal (timing data excluded), the figures too
+    # the data byte-equal (timing columns excluded), the figures too
     digests = data_digests(first)
-    assert list(digests) == ["01_tiny/hit_rate"] and digests == data_digests(second)
+    assert list(digests) == ["01_tiny/hit_rate", "01_tiny/wall_time"] and digests == data_digests(second)
+    wall = [{f["name"]: f for f in i["notebooks"][0]["figures"]}["wall_time"] for i in (first, second)]
+    assert wall[0]["data_sha256"] != wall[1]["data_sha256"]  # the measured seconds differ
     for name in ("hit_rate.parquet", "hit_rate.png", "hit_rate.pdf"):
         assert (outs[0] / "01_tiny" / name).read_bytes() == (outs[1] / "01_tiny" / name).read_bytes(), name
     # the executed copy has outputs and the run record; the stored notebook is untouched
@@ -154,3 +159,35 @@ def test_check_stripped(notebooks, capsys):
     assert main(["figures", "--check-stripped", "--notebooks", str(notebooks)]) == 0
     stripped = nbformat.read(notebooks / "01_tiny.ipynb", as_version=4)
     assert stripped.cells[1].metadata == {"tags": ["parameters"]} and "widgets" not in stripped.metadata
+
+
+def test_caption_problems(tmp_path):
+    folder = tmp_path / "01_x"
+    folder.mkdir()
+    (folder / "fig.png").write_bytes(b"png")
+    (folder / "fig.json").write_text(json.dumps({"finding": "LRU wins.", "config_hash": "abc123"}))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("show()")])
+    nbformat.write(nb, folder / "01_x.ipynb")
+    assert caption_problems(folder) == ["01_x/fig: no cell output shows its caption (config hash, trace)"]
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", {"text/markdown": "LRU wins. config `abc123`."})]
+    nbformat.write(nb, folder / "01_x.ipynb")
+    assert caption_problems(folder) == []
+    (folder / "fig.json").write_text(json.dumps({"finding": "LRU wins."}))
+    assert caption_problems(folder) == ["01_x/fig: caption without a finding or config hash"]
+
+
+def test_timing_data_is_left_out_of_the_digests(tmp_path):
+    import pandas as pd
+
+    folder = tmp_path / "out" / "01_x"
+    folder.mkdir(parents=True)
+    for name, timing in (("all", True), ("cols", ["seconds"]), ("none", False)):
+        pd.DataFrame({"x": [1, 2], "seconds": [0.1, 0.2]}).to_parquet(folder / f"{name}.parquet", index=False)
+        (folder / f"{name}.json").write_text(json.dumps({"finding": "f", "config_hash": "h", "timing": timing}))
+    first = build_index(tmp_path / "out", quick=True)
+    assert sorted(data_digests(first)) == ["01_x/cols", "01_x/none"]
+    for name in ("all", "cols", "none"):
+        pd.DataFrame({"x": [1, 2], "seconds": [0.3, 0.4]}).to_parquet(folder / f"{name}.parquet", index=False)
+    second = data_digests(build_index(tmp_path / "out", quick=True))
+    assert second["01_x/cols"] == data_digests(first)["01_x/cols"] and second["01_x/none"] != data_digests(first)[
+        "01_x/none"]

@@ -1,6 +1,7 @@
 """Every notebook is stored without outputs or volatile metadata, executes top to bottom on a fresh kernel in
-quick mode (KVLAB_QUICK=1, as ``kvlab figures --quick`` runs it) and writes byte-equal figure data when run again
-(figures whose caption says ``"timing": true``, i.e. measured wall times, excluded)."""
+quick mode (KVLAB_QUICK=1, as ``kvlab figures --quick`` runs it), shows each figure's caption (finding, config
+hash, trace checksum) and writes byte-equal figure data when run again (figures whose caption says
+``"timing": true``, i.e. measured wall times, excluded)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.figures import build_index, data_digests, run_notebook, stripped_problems
+from kvlab.figures import build_index, caption_problems, data_digests, run_notebook, stripped_problems
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
@@ -30,10 +31,12 @@ def test_notebook_executes_and_its_data_repeats(path, shared_traces, monkeypatch
     for run in ("first", "second"):
         out = tmp_path / run
         run_notebook(path, out, quick=True, cwd=tmp_path, timeout=600)
+        if run == "first":
+            assert not caption_problems(out / path.stem), caption_problems(out / path.stem)
         digests.append(data_digests(build_index(out, quick=True)))
         if not digests[0]:
             break
     if len(digests) == 2:
         changed = sorted(k for k in digests[0].keys() | digests[1].keys() if digests[0].get(k) != digests[1].get(k))
         assert not changed, (f"{path.name}: figure data differs between two runs: {changed} (mark measured wall "
-                             "times with caption timing=True)")
+                             "times in the caption: style.caption(..., timing=True), or timing=[their columns])")
