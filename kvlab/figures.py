@@ -262,11 +262,11 @@ def figure_records(folder: Path, since: float | None = None) -> list[dict[str, A
     return records
 
 
-def caption_problems(folder: Path) -> list[str]:
+def caption_problems(folder: Path, executed: Path | None = None) -> list[str]:
     """Figures in ``folder`` whose caption is missing or incomplete (a finding and a config hash) or is not
-    shown in the executed notebook ``folder/<folder name>.ipynb`` (its config hash and trace sha256 prefix in
-    some cell's output, as ``style.caption_markdown`` writes them)."""
-    executed = _read_json(folder / f"{folder.name}.ipynb")
+    shown in the executed notebook (``executed``, default ``folder/<folder name>.ipynb``: its config hash and
+    trace sha256 prefix in some cell's output, as ``style.caption_markdown`` writes them)."""
+    executed = _read_json(executed if executed is not None else folder / f"{folder.name}.ipynb")
     shown = json.dumps([c.get("outputs", []) for c in executed.get("cells", [])]) if isinstance(executed, dict) else ""
     problems = []
     for f in figure_records(folder):
@@ -295,17 +295,19 @@ def _stable_sha256(path: Path, timing: bool | list[str]) -> str | None:
     return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
-def build_index(out: Path, quick: bool) -> dict[str, Any]:
-    """The index of every notebook folder under ``out`` (figures and the executed copy's run record)."""
+def build_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dict[str, Any]:
+    """The index of every notebook folder under ``out`` (figures and the executed copy's run record; executed
+    copies in ``executed_dir`` if given)."""
     notebooks = []
     folders = sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) if out.is_dir() else []
     for folder in folders:
-        executed = _read_json(folder / f"{folder.name}.ipynb")
+        path = executed_path(Path(f"{folder.name}.ipynb"), out, executed_dir)
+        executed = _read_json(path)
         run = executed.get("metadata", {}).get("kvlab_figures", {}) if isinstance(executed, dict) else {}
         figures = figure_records(folder, since=run.get("started"))
         if not figures and not run:
             continue
-        notebooks.append({"notebook": folder.name, "executed": f"{folder.name}.ipynb" if run else None,
+        notebooks.append({"notebook": folder.name, "executed": os.path.relpath(path, out) if run else None,
                           "quick": run.get("quick"), "seconds": run.get("seconds"), "error": run.get("error"),
                           "figures": figures})
     return {"kind": INDEX_KIND, "quick": quick, "notebooks": notebooks}
@@ -343,10 +345,10 @@ def index_markdown(index: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_index(out: Path, quick: bool) -> dict[str, Any]:
+def write_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dict[str, Any]:
     """Write ``out/index.json`` and ``out/index.md`` atomically; returns the index."""
     out.mkdir(parents=True, exist_ok=True)
-    index = build_index(out, quick)
+    index = build_index(out, quick, executed_dir)
     text = json.dumps(index, indent=2, sort_keys=True) + "\n"
     atomic_write_file(out / "index.json", lambda p: Path(p).write_text(text))
     md = index_markdown(index)
@@ -433,10 +435,10 @@ def cmd_figures(args: argparse.Namespace) -> int:
             run = run_notebook(nb, out, quick=args.quick, executed_dir=args.executed)
             runs.append(run)
             print(f"{nb.stem}: {len(run.figures)} figures in {run.seconds:.1f} s", flush=True)
-            for problem in caption_problems(out / nb.stem):
+            for problem in caption_problems(out / nb.stem, run.executed):
                 print(f"warning: {problem}", flush=True)
     finally:
-        write_index(out, args.quick)
+        write_index(out, args.quick, args.executed)
     _print_summary(runs, out)
     return 0
 

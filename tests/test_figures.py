@@ -105,6 +105,18 @@ def test_two_runs_write_byte_equal_data_and_an_index(notebooks, tmp_path, capsys
     assert not any(c.get("outputs") for c in nbformat.read(notebooks / "01_tiny.ipynb", as_version=4).cells)
     md = (outs[0] / "index.md").read_text()
     assert "| hit_rate | LRU reaches" in md and "needs download: `kvlab download mooncake_arxiv`" in md
+    # a rerun that no longer draws a figure: its old files stay (kvlab deletes nothing) and are marked stale
+    cells = CELLS[:-1] + [(CELLS[-1][0], CELLS[-1][1].split("fig, ax = plt.subplots()\nax.text")[0])]
+    write_notebook(notebooks / "01_tiny.ipynb", cells)
+    executed = tmp_path / "executed"
+    assert main(["figures", "--quick", "--notebooks", str(notebooks), "--out", str(outs[0]),
+                 "--executed", str(executed)]) == 0
+    assert "01_tiny: 3 figures" in capsys.readouterr().out and (executed / "01_tiny.ipynb").is_file()
+    third = index_of(outs[0])["notebooks"][0]
+    assert third["executed"] == "../executed/01_tiny.ipynb"
+    assert {f["name"]: f["stale"] for f in third["figures"]} == {"hit_rate": False, "wall_time": False,
+                                                                  "absent_trace": True}
+    assert "(stale: not written by the last run)" in (outs[0] / "index.md").read_text()
 
 
 def test_a_failing_cell_is_one_line_naming_notebook_and_cell(notebooks, tmp_path, capsys):
