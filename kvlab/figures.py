@@ -62,6 +62,8 @@ def select_notebooks(folder: Path, only: str | None = None) -> list[Path]:
     if only is None:
         return paths
     wanted = [w.strip() for w in only.split(",") if w.strip()]
+    if not wanted:
+        raise ConfigError("--only: name at least one notebook (e.g. --only 01,03)")
     chosen = []
     for w in wanted:
         hits = [p for p in paths if w in (p.stem, p.stem.split("_", 1)[0])]

@@ -149,6 +149,7 @@ def test_never_overwrites_what_kvlab_did_not_write(notebooks, tmp_path, capsys):
     line = cli_error(capsys, ["figures", "--notebooks", str(notebooks), "--executed", str(notebooks)])
     assert "is the notebook itself" in line
     assert "no notebook '09'" in cli_error(capsys, ["figures", "--notebooks", str(notebooks), "--only", "09"])
+    assert "name at least one notebook" in cli_error(capsys, ["figures", "--notebooks", str(notebooks), "--only", ","])
     assert "no such notebooks folder" in cli_error(capsys, ["figures", "--notebooks", str(tmp_path / "none")])
 
 
