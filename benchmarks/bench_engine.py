@@ -3,17 +3,28 @@ and two transformers baselines.
 
 Model: the ``cpu-bench`` shape (Llama, 4 layers, hidden 512, 8 query / 2 KV heads of 64 dims, MLP 1,536,
 vocabulary 32,000), random weights, fp32, SDPA attention; block size 16; LRU pool of
-``(len(h) + 2) x 128`` blocks. Run once per torch thread count (default 2, then 1: on a shared 2-core
+``(2 len(h) + 2) x 128`` blocks. Run once per torch thread count (default 2, then 1: on a shared 2-core
 machine two OpenMP threads can be much slower than one for these sizes).
 
 Workload (``kvlab.engine.bench``): a random 2,048-token document is prefilled once; each request is the
 document's first ``n = floor(h * 2048 / 16) * 16`` tokens plus a fresh random suffix, so it hits exactly
 ``n`` tokens and computes ``2048 - n``. Hit fractions h in {0, .25, .5, .75, .9} (n = 0, 512, 1024, 1536,
-1840), run in ``--repeats`` rounds after one warm-up round; in each round every h runs the engine, then its
-transformers baseline (all see the same background load). Times are **best of N** (min) with the median
-beside; on this shared machine the same prefill varies 2x between rounds (one thread) or more (two), so
-the table also gives ``paired`` = median over rounds of TTFT(0) / TTFT(h) within the round and, with one
-thread, ``CPU-time`` = the best-of-N speedup in process CPU time (time not lost to preemption).
+1840), run in ``--repeats`` rounds after one warm-up round; in each round every h > 0 runs an uncached
+engine prefill (the reference), the cached one right after it, then its transformers baseline (all see the
+same background load). Times are **best of N** (min) with the median beside (h = 0: over every uncached
+prefill, the references included); on this shared machine the same prefill varies 2x between rounds (one
+thread) or more (two), so the table also gives ``paired`` = median over rounds of uncached / cached TTFT
+measured back to back and, with one thread, ``CPU-time`` = the best-of-N speedup in process CPU time (time
+not lost to preemption).
+
+Ceiling: a prefill after s cached tokens computes P - s tokens, each at least as costly as uncached, so no
+speedup exceeds 1/(1-h). A row above it (column ``> 1/(1-h)``, and a WARNING line under the table) is a
+measurement artefact. A review run with ``--repeats 3`` printed 2.73 at h = 0.5, without a warning, when the
+uncached time was still measured once per round (h = 0, at the round's start); a rerun here showed why: one
+thread, the three h = 0 prefills took 0.92, 1.21 and 1.72 s of wall time but 0.87-0.89 s of CPU time (other
+jobs preempted them), so the paired speedup at h = 0.75 came out 4.63 > 4.00 while the CPU-time one was
+3.41. The references measured next to each cached prefill (and the best uncached time taken over all of
+them) make that less likely; the warning says when it still happens.
 
 What is timed (``Engine.prefill``'s own timers, ``PrefillResult``):
 * ``TTFT`` = the whole ``prefill`` call (nothing queues);
@@ -52,7 +63,15 @@ import pandas as pd
 import torch
 
 from kvlab.engine import Engine, build_random_model
-from kvlab.engine.bench import HIT_FRACTIONS, FlopModel, format_table, run_sweep, summarize_sweep, sweep_blocks
+from kvlab.engine.bench import (
+    HIT_FRACTIONS,
+    FlopModel,
+    ceiling_warnings,
+    format_table,
+    run_sweep,
+    summarize_sweep,
+    sweep_blocks,
+)
 
 
 def run_threads(threads: int, args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -70,6 +89,8 @@ def run_threads(threads: int, args: argparse.Namespace) -> tuple[pd.DataFrame, p
           f"{args.block_size}, best of {args.repeats} ({time.perf_counter() - t0:.0f} s; 1-minute load average "
           f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(format_table(table, cpu_time=threads == 1))
+    for line in ceiling_warnings(table):
+        print(line)
     return table, rows.assign(threads=threads)
 
 
@@ -100,8 +121,8 @@ def main() -> None:
     if len(args.threads) > 1:
         best = summary.loc[summary.groupby("fraction")["ttft_s"].idxmin()]
         print("\n## Fastest thread count per h")
-        print(best[["fraction", "threads", "ttft_s", "speedup", "speedup_paired", "flop_ideal", "of_ideal",
-                    "bookkeeping_pct"]].round(4).to_string(index=False))
+        print(best[["fraction", "threads", "ttft_s", "speedup", "speedup_paired", "flop_ideal", "inverse_miss",
+                    "above_ceiling", "of_ideal", "bookkeeping_pct"]].round(4).to_string(index=False))
     if args.out:
         from kvlab.results import build_manifest, write_results
 

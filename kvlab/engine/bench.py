@@ -7,9 +7,17 @@ fraction ``h`` a request is ``document[:n] + fresh random tokens`` (``P`` tokens
 ``n = floor(h * P / block_size) * block_size`` (at most ``(P - 1) // block_size`` blocks: the engine always
 computes the last prompt token), so the request hits exactly ``n`` tokens and computes ``P - n``. Every
 repetition draws a new suffix, so only the document's blocks are ever hit. Repetitions run in rounds over
-all ``h``, each ``h`` running the engine and then its transformers baseline, so every method and ``h`` sees
-the same background load; the first ``warmup`` rounds are not recorded. On a shared machine report the
-best of N (min) beside the median and the median of per-round ratios (:func:`summarize_sweep`).
+all ``h``; at each ``h > 0`` the engine first prefills an uncached reference (a fresh ``P``-token prompt,
+no hits), then the cached request, then the transformers baseline, so the cached time and the uncached one
+it is divided by are measured back to back, and the uncached time is sampled at every ``h`` (the best of
+``len(h) x N`` instead of ``N``). The first ``warmup`` rounds are not recorded. On a shared machine report
+the best of N (min) beside the median and the median of the back-to-back ratios (:func:`summarize_sweep`).
+
+**Ceiling.** Only ``P - s`` of the ``P`` tokens are computed, and each costs at least what it costs
+uncached (its attention reads as many keys), so no speedup can exceed ``1 / (1 - s/P)``. A measured one
+above it (``above_ceiling``, :func:`ceiling_warnings`) is an artefact: the uncached runs were slowed by
+preemption or other jobs (wall time on a shared CPU; the CPU-time speedup shows it), or a per-token cost
+that falls with the chunk length (caches).
 
 **FLOP model** (:class:`FlopModel`; norms, RoPE, softmax and activations are left out) for computing
 positions ``[s, P)`` of a ``P``-token prompt after ``s`` cached tokens::
@@ -102,10 +110,11 @@ def hit_tokens_for(fraction: float, prompt_tokens: int, block_size: int) -> int:
 
 
 def sweep_blocks(prompt_tokens: int, block_size: int, fractions: Sequence[float] = HIT_FRACTIONS) -> int:
-    """A pool size for :func:`run_sweep`: ``len(fractions) + 2`` prompts. A round allocates fewer new blocks
-    than that minus the document, and every hit block is touched once per round, so LRU never evicts a block
-    a later request is meant to hit (``run_sweep`` checks the hit count of every request)."""
-    return -(-prompt_tokens // block_size) * (len(fractions) + 2)
+    """A pool size for :func:`run_sweep`: ``2 len(fractions) + 2`` prompts. A round allocates fewer new blocks
+    than that minus the document (a cached request and its uncached reference per ``h``), and every hit block
+    is touched once per round, so LRU never evicts a block a later request is meant to hit (``run_sweep``
+    checks the hit count of every request)."""
+    return -(-prompt_tokens // block_size) * (2 * len(fractions) + 2)
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float, float]:
@@ -129,14 +138,15 @@ def run_sweep(
     baselines: bool = True,
 ) -> pd.DataFrame:
     """Prefill ``repeats`` requests per hit fraction on ``engine`` and, with ``baselines``, on the same model
-    through transformers (module docstring: the workload). In every round, each ``h`` runs the engine and
-    then the baseline (plain transformers at h = 0, the deep-copied prefix cache at h > 0), so all methods
-    see the same background load.
+    through transformers (module docstring: the workload). In every round, each ``h > 0`` runs an uncached
+    engine reference, the cached engine request and then the baseline (plain transformers at h = 0, the
+    deep-copied prefix cache at h > 0), so all methods see the same background load.
 
     One row per measured request: ``method`` (``engine``, ``transformers``, ``transformers+copy``),
-    ``fraction, repeat, prompt_tokens, hit_tokens, computed_tokens``, ``prefill_s`` (TTFT, wall) and
-    ``cpu_s`` (process CPU time of the call); engine rows add the
-    :class:`~kvlab.engine.request.PrefillResult` phases (``hash_s`` is part of ``lookup_s``) and
+    ``fraction, repeat, prompt_tokens, hit_tokens, computed_tokens``, ``pair`` (the ``h`` whose cached
+    request an uncached engine row was measured next to: ``fraction`` itself except on the references, whose
+    ``fraction`` is 0), ``prefill_s`` (TTFT, wall) and ``cpu_s`` (process CPU time of the call); engine rows
+    add the :class:`~kvlab.engine.request.PrefillResult` phases (``hash_s`` is part of ``lookup_s``) and
     ``bookkeeping_s`` = lookup + gather + scatter. ``verify=True`` runs the oracle (2 greedy tokens) on the
     engine's last request per ``h``, outside the timings: ``verify_*`` columns, NaN elsewhere.
     """
@@ -169,55 +179,62 @@ def run_sweep(
         _, wall, cpu = _timed(call, dev)
         return wall, cpu
 
+    def prefill(frac: float, n: int, pair: float, rep: int, check: bool) -> dict:
+        """One engine prefill hitting ``n`` document tokens: its row (``check``: with the oracle)."""
+        req = Request(np.concatenate([doc[:n], rng.integers(0, vocab, p - n)]))
+        res, _, cpu = _timed(lambda: engine.prefill(req), dev)
+        if not res.admitted:
+            raise ConfigError(f"request not admitted: {engine.capacity_blocks} blocks are too few for the sweep")
+        if res.hit_tokens != n:
+            engine.release(res.state)
+            raise RuntimeError(f"expected {n} hit tokens at h={frac}, got {res.hit_tokens} (pool too small?)")
+        row = {"method": "engine", "fraction": float(frac), "repeat": rep, "prompt_tokens": p, "hit_tokens": n,
+               "computed_tokens": p - n, "pair": float(pair), "prefill_s": res.prefill_s, "cpu_s": cpu,
+               **{k: getattr(res, k) for k in PHASES}, "bookkeeping_s": res.lookup_s + res.gather_s + res.scatter_s}
+        if check:
+            report = engine.verify(res.state, k=2)
+            row.update(verify_passed=report.passed, verify_logit_max_abs=report.logit_max_abs,
+                       verify_logit_rel=report.logit_rel, verify_kv_max_abs=report.kv_max_abs)
+        engine.release(res.state)
+        return row
+
     rows = []
     for rep in range(-int(warmup), int(repeats)):
         for frac, n in zip(fractions, hits, strict=True):
-            req = Request(np.concatenate([doc[:n], rng.integers(0, vocab, p - n)]))
-            res, _, cpu = _timed(lambda req=req: engine.prefill(req), dev)
-            if not res.admitted:
-                raise ConfigError(f"request not admitted: {engine.capacity_blocks} blocks are too few for the sweep")
-            if res.hit_tokens != n:
-                engine.release(res.state)
-                raise RuntimeError(f"expected {n} hit tokens at h={frac}, got {res.hit_tokens} (pool too small?)")
-            base = {"fraction": float(frac), "repeat": rep, "prompt_tokens": p, "hit_tokens": n,
-                    "computed_tokens": p - n}
-            row = {"method": "engine", **base, "prefill_s": res.prefill_s, "cpu_s": cpu,
-                   **{k: getattr(res, k) for k in PHASES},
-                   "bookkeeping_s": res.lookup_s + res.gather_s + res.scatter_s}
-            if verify and rep == repeats - 1:
-                report = engine.verify(res.state, k=2)
-                row.update(verify_passed=report.passed, verify_logit_max_abs=report.logit_max_abs,
-                           verify_logit_rel=report.logit_rel, verify_kv_max_abs=report.kv_max_abs)
-            engine.release(res.state)
+            check = verify and rep == repeats - 1
+            measured = ([prefill(0.0, 0, frac, rep, False)] if n else []) + [prefill(frac, n, frac, rep, check)]
             if rep >= 0:
-                rows.append(row)
+                rows.extend(measured)
             if baselines:
                 wall, cpu = baseline(n)
                 if rep >= 0:
-                    rows.append({"method": "transformers+copy" if n else "transformers", **base, "prefill_s": wall,
-                                 "cpu_s": cpu})
+                    rows.append({"method": "transformers+copy" if n else "transformers", "fraction": float(frac),
+                                 "repeat": rep, "prompt_tokens": p, "hit_tokens": n, "computed_tokens": p - n,
+                                 "pair": float(frac), "prefill_s": wall, "cpu_s": cpu})
     return pd.DataFrame(rows)
 
 
 def summarize_sweep(rows: pd.DataFrame, flops: FlopModel, *, peak_flops: float | None = None) -> pd.DataFrame:
     """One row per hit fraction from :func:`run_sweep`'s rows.
 
-    Engine: ``ttft_s`` (best of N: min over repeats) and ``ttft_median_s``; ``tokens_per_s`` (computed
-    tokens / best TTFT) and ``effective_tokens_per_s`` (prompt tokens / best TTFT); ``speedup`` = best
-    TTFT at h=0 / best at h; ``speedup_paired`` = median over rounds of TTFT(0) / TTFT(h) within the round
-    (robust to slow load changes); ``speedup_cpu`` the same as ``speedup`` in process CPU time;
-    ``flop_ideal`` = F(0,P) / F(s,P); ``inverse_miss`` = 1 / (1 - s/P); ``of_ideal`` = speedup /
-    flop_ideal; ``bookkeeping_pct`` = median over repeats of (lookup + gather + scatter) / prefill, in %;
-    the phases' medians (``*_median_s``); ``gflop`` = F(s,P); ``tflops`` = F(s,P) / best TTFT; ``mfu`` =
-    tflops / peak when ``peak_flops`` is given; ``verify_*`` maxima when verified. Baselines (when run):
-    ``hf_ttft_s`` (plain transformers, best), ``hf_copy_ttft_s`` (deep-copied prefix cache, best; plain at
-    h=0), ``hf_copy_speedup`` (hf_ttft_s / hf_copy_ttft_s) and ``vs_hf_copy`` (hf_copy_ttft_s / ttft_s).
+    Engine: ``ttft_s`` (best of N: min over repeats; at h = 0 over every uncached prefill, the references
+    included) and ``ttft_median_s``; ``tokens_per_s`` (computed tokens / best TTFT) and
+    ``effective_tokens_per_s`` (prompt tokens / best TTFT); ``speedup`` = best uncached TTFT / best TTFT at
+    h; ``speedup_paired`` = median over rounds of uncached / cached TTFT measured back to back (robust to
+    load changes); ``speedup_cpu`` the same as ``speedup`` in process CPU time; ``flop_ideal`` =
+    F(0,P) / F(s,P); ``inverse_miss`` = 1 / (1 - s/P), the ceiling; ``above_ceiling``: ``speedup`` or
+    ``speedup_paired`` above it (an artefact, module docstring; :func:`ceiling_warnings`); ``of_ideal`` =
+    speedup / flop_ideal; ``bookkeeping_pct`` = median over repeats of (lookup + gather + scatter) /
+    prefill, in %; the phases' medians (``*_median_s``); ``gflop`` = F(s,P); ``tflops`` = F(s,P) / best
+    TTFT; ``mfu`` = tflops / peak when ``peak_flops`` is given; ``verify_*`` maxima when verified. Baselines
+    (when run): ``hf_ttft_s`` (plain transformers, best), ``hf_copy_ttft_s`` (deep-copied prefix cache,
+    best; plain at h=0), ``hf_copy_speedup`` (hf_ttft_s / hf_copy_ttft_s) and ``vs_hf_copy``
+    (hf_copy_ttft_s / ttft_s).
     """
     eng = rows[rows["method"] == "engine"]
     base = eng[eng["hit_tokens"] == 0]
     base_best = float(base["prefill_s"].min()) if len(base) else float("nan")
     base_cpu = float(base["cpu_s"].min()) if len(base) else float("nan")
-    base_round = base.set_index("repeat")["prefill_s"]
     hf = rows[rows["method"] != "engine"]
     plain = float(hf.loc[hf["method"] == "transformers", "prefill_s"].min()) if len(hf) else float("nan")
     out = []
@@ -226,7 +243,9 @@ def summarize_sweep(rows: pd.DataFrame, flops: FlopModel, *, peak_flops: float |
         n = int(f["hit_tokens"].iloc[0])
         best = float(f["prefill_s"].min())
         work = flops.prefill_flops(n, p)
-        paired = (base_round / f.set_index("repeat")["prefill_s"]).dropna()
+        own = f[f["pair"] == frac]  # at h = 0: the h = 0 requests, not the other h's references
+        ref = base[base["pair"] == frac].set_index("repeat")["prefill_s"]
+        paired = (ref / own.set_index("repeat")["prefill_s"]).dropna()
         row = {
             "fraction": float(frac), "prompt_tokens": p, "hit_tokens": n, "computed_tokens": p - n,
             "ttft_s": best, "ttft_median_s": float(f["prefill_s"].median()),
@@ -238,10 +257,11 @@ def summarize_sweep(rows: pd.DataFrame, flops: FlopModel, *, peak_flops: float |
             **{k.removesuffix("_s") + "_median_s": float(f[k].median()) for k in PHASES},
             "gflop": work / 1e9, "tflops": work / best / 1e12,
         }
+        row["above_ceiling"] = bool(max(row["speedup"], row["speedup_paired"]) > row["inverse_miss"])
         row["of_ideal"] = row["speedup"] / row["flop_ideal"]
         if peak_flops:
             row["mfu"] = work / best / peak_flops
-        if "verify_logit_max_abs" in f:
+        if "verify_logit_max_abs" in f and f["verify_logit_max_abs"].notna().any():
             row["verify_logit_max_abs"] = float(f["verify_logit_max_abs"].max())
             row["verify_kv_max_abs"] = float(f["verify_kv_max_abs"].max())
             row["verify_passed"] = bool(f["verify_passed"].dropna().astype(bool).all())
@@ -253,6 +273,18 @@ def summarize_sweep(rows: pd.DataFrame, flops: FlopModel, *, peak_flops: float |
             row["vs_hf_copy"] = row["hf_copy_ttft_s"] / best
         out.append(row)
     return pd.DataFrame(out)
+
+
+def ceiling_warnings(table: pd.DataFrame) -> list[str]:
+    """One line per :func:`summarize_sweep` row whose speedup exceeds the ``1 / (1 - h)`` ceiling (none: [])."""
+    lines = []
+    for r in table[table["above_ceiling"]].itertuples():
+        cpu = f", CPU time {r.speedup_cpu:.3f}" if pd.notna(r.speedup_cpu) else ""
+        lines.append(f"WARNING: h = {r.fraction:.2f}: speedup {r.speedup:.3f} (paired {r.speedup_paired:.3f}{cpu}) "
+                     f"above the 1/(1-h) = {r.inverse_miss:.2f} ceiling no prefill can beat: a measurement artefact "
+                     "(the uncached runs were slowed by other jobs, or caches favour short chunks); rerun with more "
+                     "--repeats on a quieter machine, compare the paired and CPU-time speedups")
+    return lines
 
 
 def format_table(table: pd.DataFrame, *, cpu_time: bool = False) -> str:
@@ -273,6 +305,7 @@ def format_table(table: pd.DataFrame, *, cpu_time: bool = False) -> str:
         "flop_ideal": ("FLOP ideal", num(2)), "inverse_miss": ("1/(1-h)", num(2)), "of_ideal": ("of ideal", num(2)),
         "bookkeeping_pct": ("bookkeep %", num(2)), "tflops": ("TFLOP/s", num(2)),
         "mfu": ("MFU %", lambda v: f"{100 * v:.1f}"), "hf_ttft_s": ("HF ms", ms), "hf_copy_ttft_s": ("HF+copy ms", ms),
+        "above_ceiling": ("> 1/(1-h)", lambda v: "ABOVE" if v else "no"),
         "vs_hf_copy": ("vs copy", num(2)), "verify_logit_max_abs": ("max|dlogit|", lambda v: f"{v:.2e}"),
     }
     skip = set() if cpu_time else {"speedup_cpu"}
