@@ -258,6 +258,8 @@ class Experiment(Schema):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
+        if self.driver == "engine":
+            self._engine_checks()
         if self.cache.capacity_gib is not None and self.model is None:
             raise ValueError("cache.capacity_gib: GiB of KV need a model (model: llama-3-8b, or a config.json)")
         if any(t.capacity_gib is not None for t in self.cache.tiers) and self.model is None:
@@ -268,10 +270,8 @@ class Experiment(Schema):
             raise ValueError("hardware: only the simulator uses it (driver: simulate)")
         if self.engine is not None and self.driver != "engine":
             raise ValueError(f"engine: engine fields need driver: engine (driver is {self.driver!r})")
-        if self.driver == "engine":
-            self._engine_checks()
-            if self.engine is None:
-                self.engine = EngineSpec()
+        if self.driver == "engine" and self.engine is None:
+            self.engine = EngineSpec()
         return self
 
     def _engine_checks(self) -> None:
@@ -282,6 +282,8 @@ class Experiment(Schema):
         if self.cache.capacity_gib is not None:
             raise ValueError("cache.capacity_gib: the engine driver's pool is sized in blocks: give "
                              "cache.capacity_blocks or cache.capacity_tokens")
+        if any(t.capacity_gib is not None for t in self.cache.tiers):
+            raise ValueError("cache.tiers: the engine driver sizes its tiers in blocks (capacity_blocks)")
         if self.cache.mode != "vllm":
             raise ValueError("cache.mode: the engine computes at least one token per request: only 'vllm', got "
                              f"{self.cache.mode!r}")
