@@ -60,6 +60,7 @@ def test_existing_run_ids_are_unchanged(trace: Path) -> None:
     assert ids(explicit) == BASE_IDS
     dumped = Experiment(**explicit).model_dump(mode="json")  # what manifests and table columns record
     assert set(dumped["trace"]) == {"path", "format", "limit"} and "engine" not in dumped and "analysis" not in dumped
+    assert Experiment(**explicit).to_dict()["trace"] == dumped["trace"]
 
 
 def test_analysis_is_not_part_of_a_run(trace: Path) -> None:

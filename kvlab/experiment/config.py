@@ -59,11 +59,11 @@ GIB = 1 << 30
 
 
 def _later_left_out(model: BaseModel, data: object) -> object:
-    """``data`` (a dump of ``model``) without the fields of ``model._LATER`` that hold their defaults there: fields
-    added after experiments were first recorded, so the recorded runs (manifests, table columns) of an
-    experiment that does not use them stay what they were."""
+    """``data`` (a dump of ``model``) without the fields of ``model._LATER_IN_DUMPS`` that hold their defaults
+    there: fields added after experiments were first recorded, so the recorded runs (manifests, table columns)
+    of an experiment that does not use them stay what they were."""
     if isinstance(data, dict):
-        for name, default in getattr(model, "_LATER", {}).items():
+        for name, default in getattr(model, "_LATER_IN_DUMPS", {}).items():
             if name in data and data[name] == default:
                 del data[name]
     return data
@@ -75,7 +75,7 @@ class Section(BaseModel):
 
     model_config = Schema.model_config
     #: fields added later -> their defaults, left out of dumps at those defaults (:func:`_later_left_out`)
-    _LATER: ClassVar[dict[str, Any]] = {}
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -96,7 +96,7 @@ class TraceSpec(Section):
     resample_seed: Seed | None = None
     resample_by: Literal["auto", "session", "prefix"] = "auto"
 
-    _LATER: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto"}
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto"}
 
     @model_validator(mode="after")
     def _resample_by_needs_a_seed(self) -> TraceSpec:
@@ -218,7 +218,7 @@ class Experiment(Schema):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, exclude=True)  # applied when results are read
     sweep: Sweep = Field(default_factory=lambda: Sweep())
 
-    _LATER: ClassVar[dict[str, Any]] = {"engine": None}  # see Section._LATER
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"engine": None}  # see Section
 
     def __init__(self, **data: Any) -> None:
         try:
