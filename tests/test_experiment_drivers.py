@@ -152,6 +152,9 @@ def test_engine_identity_covers_the_engine_section(chat: Path, tmp_path: Path) -
     (tmp_path / "config.json").write_text(json.dumps(config))
     custom = ids(engine_dict(chat, model=str(tmp_path / "config.json")))
     assert custom != base
+    file = tmp_path / "e.yaml"  # a relative engine.model is read beside the file
+    file.write_text(yaml.safe_dump(engine_dict(chat, model="config.json")))
+    assert [p.run_id for p in plan(load_experiment(file))] == custom
     (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
     with pytest.raises(ConfigError, match=r"trace: token id \d+ of .* is not below engine.model .*\(100 ids\)"):
         ids(engine_dict(chat, model=str(tmp_path / "config.json")))

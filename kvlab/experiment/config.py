@@ -379,11 +379,12 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: an experiment file is a mapping (name:, trace:, cache:, ...), got "
                           f"{type(data).__name__}")
-    trace = data.get("trace")
-    if isinstance(trace, dict) and isinstance(trace.get("path"), str):  # relative to the file's folder
-        candidate = path.parent / trace["path"]
-        if not Path(trace["path"]).is_absolute() and candidate.exists():
-            data = {**data, "trace": {**trace, "path": str(candidate)}}
+    for section, field in (("trace", "path"), ("engine", "model")):  # relative to the file's folder first
+        part = data.get(section)
+        if isinstance(part, dict) and isinstance(part.get(field), str):
+            candidate = path.parent / part[field]
+            if not Path(part[field]).is_absolute() and candidate.exists():
+                data = {**data, section: {**part, field: str(candidate)}}
     try:
         return Experiment(**data)
     except ConfigError as exc:
