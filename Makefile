@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvlab-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean figures strip
 
 setup: $(STAMP)
 
@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/kvlab demo --out results/demo
+
+# every notebook in full mode on a fresh kernel: results/figures/<notebook>/<figure>.{png,pdf,parquet,json}
+figures: $(STAMP)
+	$(BIN)/kvlab figures
+
+# clear the notebooks' outputs and volatile metadata before committing (the tests check it)
+strip: $(STAMP)
+	$(BIN)/kvlab figures --strip
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvlab tests benchmarks

@@ -446,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kvlab.layout.cli import add_parser as add_layout_study
 
     add_layout_study(sub, common)
+
+    from kvlab.figures import add_parser as add_figures
+
+    add_figures(sub, common)
     return p
 
 

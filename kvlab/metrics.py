@@ -76,10 +76,11 @@ DRIVERS: tuple[str, ...] = ("replay", "simulator", "engine", "engine-serving")
 #: unbounded; ``count``: events or things that are not tokens, blocks or requests; ``index`` / ``id``: integer
 #: positions and identifiers; ``bool``: a flag; ``label``: a string (a config echo); ``logit`` and
 #: ``K/V value``: differences in logits and in K/V tensor elements; ``GiB``: 2**30 bytes; ``list``: one entry
-#: per item, its fields in a table of their own.
+#: per item, its fields in a table of their own; ``as <metric>``: the unit of the metric the name is built from.
 UNITS: tuple[str, ...] = (
     "tokens", "blocks", "requests", "s", "tokens/s", "requests/s", "blocks/s", "blocks/request", "bytes", "GiB",
     "FLOPs", "fraction", "ratio", "factor", "count", "index", "id", "bool", "label", "logit", "K/V value", "list",
+    "as <metric>",
 )
 
 ALL = DRIVERS
@@ -461,6 +462,27 @@ TIER_FIELDS: dict[str, Metric] = _table(
        ENGINES),
 )
 
+#: columns :mod:`kvlab.analysis.runs` adds to an experiment table (``kvlab.results.load``): per interval metric
+#: ``<metric>`` (a name of :data:`METRICS` computed from ``requests.parquet``: token_hit_rate, ttft_mean_s, ...),
+#: then per run. Not written by a driver, so not in :data:`TABLES`.
+INTERVAL_COLUMNS: dict[str, Metric] = _table(
+    _m("<metric>_warmed", "as <metric>", "the metric over the requests left after warm-up (warm-up 0: the summary's "
+       "value)"),
+    _m("<metric>_ci_low", "as <metric>", "lower end of the batch-means interval over contiguous warmed windows"),
+    _m("<metric>_ci_high", "as <metric>", "upper end of the batch-means interval over contiguous warmed windows"),
+    _m("<metric>_lag1", "ratio", "lag-1 autocorrelation of the window values (near 0: windows nearly independent)"),
+    _m("<metric>_rep_mean", "as <metric>", "mean of <metric>_warmed over the replicate runs of one point"),
+    _m("<metric>_rep_low", "as <metric>", "lower end of the t interval over the replicate runs' <metric>_warmed"),
+    _m("<metric>_rep_high", "as <metric>", "upper end of the t interval over the replicate runs' <metric>_warmed"),
+    _m("replicates", "count", "runs of one point (rows equal but for the replicate columns: seed, "
+       "trace.resample_seed)"),
+    _m("warmed_requests", "requests", "requests left after warm-up (counted in every <metric>_warmed)"),
+    _m("warmup_requests", "requests", "warm-up: the first requests left out (AnalysisSpec)"),
+    _m("warmup_seconds", "s", "warm-up: requests arriving less than this after the first left out (AnalysisSpec)"),
+    _m("ci_windows", "count", "batch-means windows (AnalysisSpec.windows)"),
+    _m("ci_level", "fraction", "confidence level of every interval (AnalysisSpec.confidence)"),
+)
+
 TABLES: dict[str, dict[str, Metric]] = {"summary.json": METRICS, "summary.json tiers[]": TIER_FIELDS,
                                         "requests.parquet": COLUMNS, "timeseries.parquet": TIMESERIES}
 
@@ -482,9 +504,10 @@ def table_name(name: str, table: dict[str, Metric]) -> str | None:
 
 
 def metrics_markdown() -> str:
-    """The tables of :data:`TABLES` in markdown (docs/metrics.md, between its markers), one section per file."""
+    """The tables of :data:`TABLES` and :data:`INTERVAL_COLUMNS` in markdown (docs/metrics.md, between its
+    markers), one section per file."""
     out = []
-    for file, table in TABLES.items():
+    for file, table in {**TABLES, "experiment table (kvlab.analysis.runs)": INTERVAL_COLUMNS}.items():
         out += [f"### `{file}`", "", "| name | unit | definition | drivers |", "|---|---|---|---|"]
         for m in table.values():
             definition = m.definition.replace("|", "\\|")

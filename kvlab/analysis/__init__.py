@@ -1,5 +1,6 @@
 """Statistics over per-request results (docs/statistics.md): warm-up exclusion, confidence intervals that
-respect cache state (batch means, session resampling, paired A − B), breakdowns and SLO attainment."""
+respect cache state (batch means, session resampling, paired A − B), breakdowns and SLO attainment; over the
+runs of an experiment (:mod:`kvlab.analysis.runs`)."""
 
 from kvlab.analysis.breakdowns import (
     LATENCY_STATS,
@@ -19,12 +20,14 @@ from kvlab.analysis.resample import (
     session_groups,
     session_resample,
 )
+from kvlab.analysis.runs import AnalysisSpec, paired, replicate_intervals, run_intervals
 from kvlab.analysis.tdist import t_quantile
 from kvlab.analysis.warmup import after_warmup, warmup_mask
 
 __all__ = [
-    "LATENCY_STATS", "Interval", "after_warmup", "batch_means", "breakdown", "category_breakdown",
-    "lag1_autocorrelation", "latency_stats", "paired_batch_means", "paired_session_resample", "prefix_groups",
-    "resample_sessions", "session_groups", "session_resample", "slo_attainment", "slo_met", "t_quantile",
-    "tenant_breakdown", "turn_breakdown", "warmup_mask", "window_values",
+    "LATENCY_STATS", "AnalysisSpec", "Interval", "after_warmup", "batch_means", "breakdown", "category_breakdown",
+    "lag1_autocorrelation", "latency_stats", "paired", "paired_batch_means", "paired_session_resample",
+    "prefix_groups", "replicate_intervals", "resample_sessions", "run_intervals", "session_groups",
+    "session_resample", "slo_attainment", "slo_met", "t_quantile", "tenant_breakdown", "turn_breakdown",
+    "warmup_mask", "window_values",
 ]

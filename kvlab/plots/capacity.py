@@ -1,10 +1,53 @@
-"""Hit rate against cache capacity, one line per policy (or any other column)."""
+"""Hit rate against cache capacity, one line per policy (or any other column), with confidence bands.
+
+:func:`estimate_columns` picks what a table offers for a metric: replicate intervals
+(``<metric>_rep_mean``, ``_rep_low``, ``_rep_high``: :func:`kvlab.analysis.runs.replicate_intervals`), else
+batch-means intervals (``<metric>_warmed``, ``_ci_low``, ``_ci_high``: :func:`kvlab.analysis.runs.run_intervals`),
+else the plain column (no band). :func:`draw_series` draws one styled line per group with its band.
+"""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
+
+from kvlab.plots import style
+
+
+def estimate_columns(table: pd.DataFrame, metric: str) -> tuple[str, str | None, str | None]:
+    """``(estimate, low, high)`` column names for ``metric`` in ``table`` (``low``/``high`` None: no band)."""
+    for est, low, high in ((f"{metric}_rep_mean", f"{metric}_rep_low", f"{metric}_rep_high"),
+                           (f"{metric}_warmed", f"{metric}_ci_low", f"{metric}_ci_high")):
+        if est in table and low in table and high in table:
+            return est, low, high
+    if metric not in table:
+        raise KeyError(f"the table has no column {metric!r} (nor {metric}_warmed / {metric}_rep_mean)")
+    return metric, None, None
+
+
+def series_data(table: pd.DataFrame, x: str, metric: str, hue: str) -> pd.DataFrame:
+    """The tidy data of :func:`draw_series`: ``hue``, ``x``, ``metric`` (its name), ``estimate``, ``low``,
+    ``high`` (NaN without a band), sorted by ``hue`` then ``x``."""
+    est, low, high = estimate_columns(table, metric)
+    nan = float("nan")
+    out = pd.DataFrame({hue: table[hue], x: table[x], "metric": metric, "estimate": table[est],
+                        "low": table[low] if low else nan, "high": table[high] if high else nan})
+    return out.sort_values([hue, x], kind="stable").reset_index(drop=True)
+
+
+def draw_series(ax: Axes, table: pd.DataFrame, x: str, metric: str, hue: str, *, bands: bool = True,
+                start: int = 0, **line: object) -> pd.DataFrame:
+    """One line of ``metric`` against ``x`` per value of ``hue`` (sorted; styles :func:`style.series_style`
+    from ``start``, overridden by ``line``), with its confidence band when the table has one. Returns
+    :func:`series_data`."""
+    data = series_data(table, x, metric, hue)
+    for i, (name, group) in enumerate(data.groupby(hue, sort=True)):
+        st = {**style.series_style(start + i), **line}
+        ax.plot(group[x], group["estimate"], label=str(name), **st)
+        if bands and group["low"].notna().any():
+            style.band(ax, group[x], group["low"], group["high"], st["color"])
+    return data
 
 
 def plot_hit_rate_vs_capacity(
@@ -15,36 +58,44 @@ def plot_hit_rate_vs_capacity(
     ax: Axes | None = None,
     ideal: bool = True,
     title: str | None = None,
+    x: str = "capacity_blocks",
+    bands: bool = True,
 ) -> Axes:
-    """Plot ``metric`` against ``capacity_blocks`` from a sweep table (``kvlab.sweep.run_sweep``).
+    """Plot ``metric`` (a fraction) against ``x`` (capacity in blocks, log scale) from a sweep or experiment
+    table, one line per ``hue`` value, with a confidence band where the table has intervals
+    (:func:`estimate_columns`; ``bands=False`` hides them).
 
-    With ``ideal``, the unbounded-capacity hit rate is drawn as a dashed line. Runs that rejected
-    requests (a prompt larger than the cache: never served, its tokens counted as misses) are circled in
-    red and labelled with the number rejected, so a low point is never mistaken for a policy effect.
+    With ``ideal``, the unbounded-capacity hit rate is drawn as a baseline. Runs that rejected requests (a
+    prompt larger than the cache: never served, its tokens counted as misses) are circled in red and labelled
+    with the number rejected, so a low point is never mistaken for a policy effect. The y axis starts at 0 and
+    ends a little above the highest value (at most 1); x ticks at the capacities drawn (up to 12); the legend
+    right of the axes, outside the curves.
     """
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 3.6))
+        _, ax = plt.subplots(figsize=style.SINGLE)
+    est, _, _ = estimate_columns(table, metric)
+    drawn = draw_series(ax, table, x, metric, hue, bands=bands)
     rejected_label = "rejected requests (prompt > cache)"
-    for name, group in table.sort_values("capacity_blocks").groupby(hue, sort=True):
-        ax.plot(group["capacity_blocks"], group[metric], marker="o", label=str(name))
-        if "rejected_requests" in group:
-            bad = group[group["rejected_requests"] > 0]
-            if len(bad):
-                ax.scatter(bad["capacity_blocks"], bad[metric], s=110, facecolors="none", edgecolors="red",
-                           linewidths=1.5, zorder=3, label=rejected_label)
-                rejected_label = "_nolegend_"
-                for x, y, k in zip(bad["capacity_blocks"], bad[metric], bad["rejected_requests"], strict=True):
-                    ax.annotate(f"{int(k):,} rejected", (x, y), textcoords="offset points", xytext=(4, -12),
-                                fontsize=7, color="red")
+    if "rejected_requests" in table:
+        bad = table[table["rejected_requests"] > 0]
+        if len(bad):
+            ax.scatter(bad[x], bad[est], s=110, facecolors="none", edgecolors=style.ALERT, linewidths=1.5,
+                       zorder=3, label=rejected_label)
+            for xv, y, k in zip(bad[x], bad[est], bad["rejected_requests"], strict=True):
+                ax.annotate(f"{int(k):,} rejected", (xv, y), textcoords="offset points", xytext=(4, -12),
+                            fontsize=7, color=style.ALERT)
     if ideal and "ideal_hit_rate" in table:
-        ax.axhline(table["ideal_hit_rate"].max(), ls="--", c="grey", lw=1, label="infinite cache")
+        ax.axhline(table["ideal_hit_rate"].max(), label="infinite cache", **style.baseline_style("infinite cache"))
     ax.set_xscale("log")
-    ax.set_xlabel("capacity (blocks)")
+    style.value_ticks(ax, table[x])
+    ax.set_xlabel("capacity (blocks, log scale)")
     label = metric.replace("_", " ")
     ax.set_ylabel(f"{label} (fraction)" if metric.endswith("rate") else label)
-    ax.set_ylim(0, 1)
+    top = max(drawn["estimate"].max(), drawn["high"].max() if drawn["high"].notna().any() else 0.0,
+              table["ideal_hit_rate"].max() if ideal and "ideal_hit_rate" in table else 0.0)
+    ax.set_ylim(0, min(1.0, 1.15 * top) if top > 0 else 1.0)  # a fraction: from 0, headroom for the legend
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    style.legend(ax, outside=True)
     if title:
         ax.set_title(title)
     return ax

@@ -3,6 +3,8 @@
 * Colours: the Okabe-Ito palette (colour-blind safe, 8 colours). Series beyond 8 also change line style
   and marker (:func:`series_style`), so no two series of one figure look alike.
 * Sizes: :data:`SINGLE` (one panel), :data:`WIDE` (two or three panels side by side).
+* Confidence bands (:func:`band`): the series' colour, translucent. Legends (:func:`legend`): right of the axes
+  when there are more than :data:`LEGEND_INSIDE_MAX` entries. Storage tiers: :data:`TIER_COLORS`.
 * :func:`save` writes ``<folder>/<name>.png`` and ``.pdf`` (atomically), the data drawn as
   ``<name>.parquet`` (a tidy frame) and ``<name>.json`` (the caption: what the figure shows, and where its
   numbers came from: experiment config hash, trace checksum). Parquet files are written without pandas'
@@ -22,6 +24,7 @@ from typing import Any
 
 import matplotlib as mpl
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kvlab.results import atomic_write_file
@@ -32,6 +35,14 @@ LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 #: baselines (infinite cache, Belady, FLOP ideal): black, each with its own dash pattern
 BASELINE = {"infinite cache": (0, (5, 3)), "belady": (0, (1, 2)), "flop ideal": (0, (3, 1, 1, 1))}
+#: storage tiers (stacked shares, per-tier lines): the device first; other tier names take the palette in order
+TIER_COLORS = {"device": PALETTE[0], "dram": PALETTE[2], "ssd": PALETTE[1], "pool": PALETTE[4]}
+#: marks that flag a problem with a point (rejected requests), not a series
+ALERT = "red"
+#: confidence bands: the series' colour at this opacity, no edge
+BAND_ALPHA = 0.2
+#: a legend with more entries than this goes right of the axes, outside the data
+LEGEND_INSIDE_MAX = 6
 SINGLE = (5.5, 3.6)  # inches: one panel
 WIDE = (11.0, 3.8)  # inches: two or three panels
 DPI = 150
@@ -69,22 +80,115 @@ def baseline_style(name: str) -> dict[str, Any]:
     return {"color": "black", "linewidth": 1.0, "linestyle": BASELINE.get(name.lower(), (0, (4, 2)))}
 
 
+def tier_color(name: str, i: int = 0) -> str:
+    """Colour of storage tier ``name`` (:data:`TIER_COLORS`), else palette colour ``i``."""
+    return TIER_COLORS.get(name.lower(), PALETTE[i % len(PALETTE)])
+
+
+def band(ax: Axes, x: Any, low: Any, high: Any, color: str, **kw: Any) -> Any:
+    """A confidence band ``low`` .. ``high`` over ``x`` in ``color`` (:data:`BAND_ALPHA`, no edge, no legend
+    entry); returns the PolyCollection."""
+    return ax.fill_between(x, low, high, color=color, alpha=BAND_ALPHA, linewidth=0, label="_nolegend_", **kw)
+
+
+def legend(ax: Axes, *, outside: bool | None = None, **kw: Any) -> Any:
+    """The axes' legend: inside (``loc``, default the best place) with up to :data:`LEGEND_INSIDE_MAX` entries,
+    else (or with ``outside=True``) one column right of the axes, outside the data (``save`` keeps it in the
+    file). None when nothing is labelled."""
+    handles, _ = ax.get_legend_handles_labels()
+    loc = kw.pop("loc", "best")
+    if not handles:
+        return None
+    if outside or (outside is None and len(handles) > LEGEND_INSIDE_MAX):
+        kw.pop("ncol", None)
+        return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kw)
+    return ax.legend(loc=loc, **kw)
+
+
+def value_ticks(ax: Axes, values: Any, axis: str = "x", most: int = 12) -> None:
+    """Ticks at the data's own values (``most`` at most, e.g. the capacities swept) instead of a log axis'
+    powers of ten; whole thousands written ``10k``, other values in full."""
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ticks = np.unique(np.asarray(values, dtype=np.float64))
+    ticks = ticks[np.isfinite(ticks)]
+    if not 0 < len(ticks) <= most:
+        return
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(ticks))
+    target.set_minor_locator(NullLocator())
+    target.set_major_formatter(FuncFormatter(_value_label))
+
+
+def _value_label(v: float, _pos: object = None) -> str:
+    if v >= 1000 and v % 1000 == 0:
+        return f"{v / 1000:,.0f}k"
+    return f"{v:,.0f}" if v == int(v) else f"{v:g}"
+
+
 def figure_folder(notebook: str) -> Path:
-    """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures."""
-    return Path(os.environ.get("KVLAB_FIGURES_DIR", "results/figures")) / notebook
+    """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures:
+    ``$KVLAB_FIGURES_DIR/<notebook>``; by default ``results/figures/<notebook>``, or
+    ``results/figures/quick/<notebook>`` in quick mode (``KVLAB_QUICK=1``), so a quick run never replaces
+    the full figures."""
+    root = os.environ.get("KVLAB_FIGURES_DIR")
+    if root is None:
+        root = "results/figures/quick" if os.environ.get("KVLAB_QUICK") == "1" else "results/figures"
+    return Path(root) / notebook
+
+
+def caption(finding: str, *, config: Mapping[str, Any] | None = None, workload: Any = None,
+            run_ids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A figure's caption record: the one-line ``finding``, the hash of the ``config`` that produced it
+    (kvlab.results.run_id of the config as JSON), the trace it read (``workload``: a kvlab Workload; its
+    source, content sha256 and file sha256), the ``run_ids`` of experiment runs drawn, and any ``extra``
+    fields (e.g. ``quick=True``). :func:`caption_markdown` renders it for the cell under the figure."""
+    from kvlab.results import run_id
+
+    out: dict[str, Any] = {"finding": finding}
+    if config is not None:
+        out["config"] = dict(config)
+        out["config_hash"] = run_id({"config": dict(config)})
+    if workload is not None:
+        ident = workload.identity()
+        out["trace"] = {"source": str(workload.source), "content_sha256": ident.get("content_sha256"),
+                        "file_sha256": ident.get("file_sha256"), "requests": len(workload)}
+    if run_ids is not None:
+        out["run_ids"] = list(run_ids)
+    out.update(extra)
+    return out
+
+
+def caption_markdown(record: Mapping[str, Any]) -> str:
+    """The caption as Markdown: the finding, then config hash, trace (name, sha256 prefix) and run count."""
+    parts = [str(record.get("finding", ""))]
+    facts = []
+    if "config_hash" in record:
+        facts.append(f"config `{record['config_hash']}`")
+    trace = record.get("trace")
+    if trace:
+        sha = trace.get("file_sha256") or trace.get("content_sha256") or ""
+        facts.append(f"trace `{Path(str(trace.get('source', ''))).name}` (sha256 `{str(sha)[:12]}`, "
+                     f"{trace.get('requests', '?'):,} requests)")
+    if record.get("run_ids"):
+        facts.append(f"{len(record['run_ids'])} runs")
+    if facts:
+        parts.append("*Source:* " + "; ".join(facts) + ".")
+    return "\n\n".join(p for p in parts if p)
 
 
 def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame | None = None,
-         caption: Mapping[str, Any] | None = None) -> list[Path]:
-    """Write ``fig`` as ``folder/name.png`` and ``.pdf``, ``data`` as ``name.parquet`` and ``caption`` as
-    ``name.json``, each atomically; returns the paths written. Same data, same parquet bytes."""
+         caption: Mapping[str, Any] | None = None, *, dpi: int = DPI) -> list[Path]:
+    """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``.pdf``, ``data`` as ``name.parquet`` and ``caption``
+    as ``name.json``, each atomically; returns the paths written. Same data, same parquet bytes."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in ("png", "pdf"):
         path = folder / f"{name}.{fmt}"
         metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Producer": None, "CreationDate": None}
-        atomic_write_file(path, lambda p, fmt=fmt, md=metadata: fig.savefig(p, dpi=DPI, format=fmt,
+        atomic_write_file(path, lambda p, fmt=fmt, md=metadata: fig.savefig(p, dpi=dpi, format=fmt,
                                                                              bbox_inches="tight", metadata=md))
         paths.append(path)
     if data is not None:
@@ -102,4 +206,4 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
 
 
 __all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
-           "figure_folder", "save", "series_style"]
+           "caption", "caption_markdown", "figure_folder", "save", "series_style"]

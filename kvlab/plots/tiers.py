@@ -1,7 +1,8 @@
 """Figures of the tiered-storage study (kvlab.tiers.study): per-tier hit shares, capacity sweeps, write traffic.
 
 Every function draws from the study's tidy tables (``runs``: one row per replay; ``tiers``: one row per replay
-and tier) on a given axes, with units on both axes; :func:`save_figure` writes PNG and PDF.
+and tier) on a given axes, with units on both axes; :func:`save_figure` (an alias of :func:`kvlab.plots.style.save`)
+writes PNG and PDF. :func:`plot_tier_breakdown` draws any experiment table with tiers (``<tier>_hit_share``).
 """
 
 from __future__ import annotations
@@ -16,23 +17,18 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from kvlab.results import atomic_write_file
+from kvlab.plots import style
 
-LEVEL_COLORS = {"device": "#4c72b0", "dram": "#55a868", "ssd": "#dd8452", "pool": "#8172b3"}
+LEVEL_COLORS = style.TIER_COLORS
 LEVEL_LABELS = {"device": "device (HBM)", "dram": "host DRAM", "ssd": "NVMe SSD", "pool": "shared pool"}
-WRITE_STYLE = {"write_through": ("#c44e52", "o"), "write_back": ("#4c72b0", "s")}
+WRITE_STYLE = {"write_through": (style.PALETTE[3], "o"), "write_back": (style.PALETTE[0], "s")}
 TIB = 2**40
 
 
-def save_figure(fig: Figure, folder: str | Path, name: str, dpi: int = 150) -> list[Path]:
-    """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``folder/name.pdf``, atomically; returns the paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"{name}.{fmt}" for fmt in ("png", "pdf")]
-    for path in paths:
-        atomic_write_file(path, lambda p, fmt=path.suffix[1:]: fig.savefig(p, dpi=dpi, format=fmt,
-                                                                           bbox_inches="tight"))
-    return paths
+def save_figure(fig: Figure, folder: str | Path, name: str, dpi: int = style.DPI) -> list[Path]:
+    """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``folder/name.pdf``, atomically; returns the paths
+    (:func:`kvlab.plots.style.save` without data or caption)."""
+    return style.save(fig, folder, name, dpi=dpi)
 
 
 def _gib_axis(ax: Axes, what: str) -> None:
@@ -167,3 +163,42 @@ def plot_write_policies(tiers: pd.DataFrame, trace: str, axes: Sequence[Axes]) -
     axes[0].legend(fontsize=7)
     axes[0].set_title(trace, fontsize=9, loc="left")
     return axes
+
+
+def plot_tier_breakdown(table: pd.DataFrame, *, label: str | Sequence[str] | None = None, ax: Axes | None = None,
+                        title: str | None = None) -> tuple[Axes, pd.DataFrame]:
+    """Stacked bars, one per run (row of an experiment or sweep table): the share of prompt tokens served from
+    the device (``device_token_hit_rate``; ``token_hit_rate`` without tiers) and from each lower tier
+    (``<tier>_hit_share``, in the table's tier order); a bar's height is the run's token hit rate (fraction).
+    ``label``: the column(s) naming a bar (default: the config columns that differ between rows). Returns the
+    axes and the data drawn (``run``, ``tier``, ``share``)."""
+    from kvlab.analysis.runs import config_columns
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=style.SINGLE)
+    rows = table.reset_index(drop=True)
+    tiers = [c[: -len("_hit_share")] for c in rows.columns if c.endswith("_hit_share")]
+    device = "device_token_hit_rate" if "device_token_hit_rate" in rows else "token_hit_rate"
+    if label is None:
+        label = [c for c in config_columns(rows, exclude=["sweep_point"]) if rows[c].astype(str).nunique() > 1]
+    cols = [label] if isinstance(label, str) else list(label)
+    names = (rows[cols].astype(str).agg(", ".join, axis=1) if cols else rows.index.astype(str)).tolist()
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    frames = []
+    for i, (tier, col) in enumerate([("device", device)] + [(t, f"{t}_hit_share") for t in tiers]):
+        share = rows[col].astype(float).fillna(0.0).to_numpy()
+        ax.bar(x, share, 0.8, bottom=bottom, color=style.tier_color(tier, i), label=LEVEL_LABELS.get(tier, tier))
+        frames.append(pd.DataFrame({"run": names, "tier": tier, "share": share}))
+        bottom += share
+    for xv, total in zip(x, bottom, strict=True):
+        ax.text(xv, total, f"{total:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, names, rotation=30 if len(rows) > 4 else 0, ha="right" if len(rows) > 4 else "center",
+                  fontsize=7)
+    ax.set_ylabel("token hit rate by tier (fraction of prompt tokens)")
+    ax.set_ylim(0, max(float(bottom.max()) * 1.3, 1e-9))
+    ax.grid(alpha=0.3, axis="y")
+    style.legend(ax, loc="upper left", ncol=max(1, len(tiers) + 1))
+    if title:
+        ax.set_title(title)
+    return ax, pd.concat(frames, ignore_index=True)

@@ -1,0 +1,254 @@
+"""Statistics over the runs of an experiment (``kvlab run``): warm-up, batch-means intervals per run, intervals
+across replicate runs and paired A − B comparisons, as columns of the experiment table (docs/statistics.md).
+
+* :class:`AnalysisSpec`: warm-up (first requests and/or seconds of arrival time), batch-means windows and
+  confidence level; the experiment's ``analysis:`` section.
+* :func:`run_intervals`: the experiment table (``kvlab.results.load``) with, per headline metric, the
+  post-warm-up value (``<metric>_warmed``) and its batch-means interval (``<metric>_ci_low`` / ``_ci_high``)
+  over contiguous warmed windows of that run's ``requests.parquet`` (:func:`kvlab.analysis.intervals.batch_means`).
+* :func:`replicate_intervals`: one row per point, a t interval over the replicate runs' ``<metric>_warmed``
+  (rows that differ only in the replicate columns: ``seed``, ``trace.resample_seed``).
+* :func:`paired`: A − B (e.g. ARC − LRU) per matching point on the same windows
+  (:func:`kvlab.analysis.intervals.paired_batch_means`).
+
+Column names: :data:`kvlab.metrics.INTERVAL_COLUMNS`. Headline metrics (:data:`HEADLINE`): ``token_hit_rate``
+(every driver) and, where the requests carry ``ttft_s``, ``ttft_mean_s``, ``ttft_p50_s`` and ``ttft_p90_s``
+(seconds). A window's p90 rests on its ~10 % slowest requests, so windows need a few hundred requests each;
+p99 is left out (a window's p99 is biased low with few tail samples).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from kvlab.analysis.breakdowns import LATENCY_STATS
+from kvlab.analysis.intervals import batch_means, lag1_autocorrelation, metric_function, paired_batch_means, t_interval
+from kvlab.analysis.warmup import after_warmup
+from kvlab.errors import ConfigError, ResultsError
+from kvlab.schema import Schema
+
+#: default batch-means windows (kvlab.analysis.intervals.batch_means's default)
+DEFAULT_WINDOWS: int = batch_means.__kwdefaults__["n_batches"]
+#: metrics run_intervals computes by default (those a run's requests can give)
+HEADLINE: tuple[str, ...] = ("token_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
+#: columns whose values mark replicates of one point (varied for the interval across runs)
+REPLICATE: tuple[str, ...] = ("seed", "trace.resample_seed")
+#: top-level config columns of an experiment table that are not dotted (kvlab.experiment.runner.flat_columns)
+TOP_LEVEL = ("experiment", "driver", "model", "hardware", "seed", "simulate")
+
+
+class AnalysisSpec(BaseModel):
+    """How an experiment's runs are analysed: warm-up, batch-means windows, confidence level.
+
+    ``warmup_requests``: the first N requests of each run are left out of every metric (they still ran and
+    filled the cache); ``warmup_seconds``: so are requests arriving less than this many seconds (arrival
+    time, the driver's clock) after the first; ``windows``: contiguous batch-means windows (>= 2);
+    ``confidence``: level of every interval, in (0, 1).
+    """
+
+    model_config = Schema.model_config
+
+    warmup_requests: Annotated[int, Field(ge=0)] = 0
+    warmup_seconds: Annotated[float, Field(ge=0)] = 0.0
+    windows: Annotated[int, Field(ge=2)] = DEFAULT_WINDOWS
+    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+
+    def warmup(self) -> dict:
+        """The warm-up as keyword arguments of :mod:`kvlab.analysis` functions."""
+        return {"warmup_requests": self.warmup_requests, "warmup_seconds": self.warmup_seconds}
+
+
+# ----------------------------------------------------------------------------- reading runs
+def experiment_dir(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> Path:
+    """The results folder of ``experiment``: a folder with ``runs/``, an experiment YAML file or a name under
+    ``results`` (as :func:`kvlab.results.load` resolves it)."""
+    from kvlab.results import safe_name
+
+    given = Path(experiment)
+    if given.suffix in (".yaml", ".yml") and given.is_file():
+        from kvlab.experiment import experiment_folder, load_experiment
+
+        return Path(experiment_folder(load_experiment(given), results))
+    if given.is_dir() and (given / "runs").is_dir():
+        return given
+    return Path(results) / safe_name(str(experiment))
+
+
+def table_and_folder(source: pd.DataFrame | str | os.PathLike, results: str | os.PathLike = "results",
+                     folder: str | os.PathLike | None = None) -> tuple[pd.DataFrame, Path]:
+    """``(experiment table, its results folder)`` from a table (its ``experiment`` column names the folder
+    under ``results`` unless ``folder`` is given) or from what :func:`experiment_dir` takes."""
+    from kvlab.results import load
+
+    if isinstance(source, pd.DataFrame):
+        if "run_id" not in source:
+            raise ConfigError("the table has no run_id column: give kvlab.results.load's table or a results folder")
+        if folder is None:
+            names = source["experiment"].unique() if "experiment" in source else []
+            if len(names) != 1:
+                raise ConfigError("give folder=: the table is not one experiment's (no single experiment column)")
+            folder = experiment_dir(str(names[0]), results)
+        return source.reset_index(drop=True), Path(folder)
+    path = Path(folder) if folder is not None else experiment_dir(source, results)
+    return load(str(path)), path
+
+
+def run_requests(folder: Path, run_id: str, cache: dict | None = None) -> pd.DataFrame:
+    """``requests.parquet`` of run ``run_id`` of the experiment in ``folder`` (checked against its manifest)."""
+    from kvlab.results import read_results
+
+    if cache is not None and run_id in cache:
+        return cache[run_id]
+    path = folder / "runs" / run_id
+    if not path.is_dir():
+        raise ResultsError(f"{path}: no such run (the table and the results folder disagree)")
+    frame = read_results(path).requests
+    if cache is not None:
+        cache[run_id] = frame
+    return frame
+
+
+def config_columns(table: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
+    """The config columns of an experiment table (dotted paths and :data:`TOP_LEVEL`), minus ``exclude``."""
+    return [c for c in table.columns if ("." in c or c in TOP_LEVEL) and c not in exclude]
+
+
+def spec_of(table: pd.DataFrame, spec: AnalysisSpec | None) -> AnalysisSpec:
+    """``spec``, or the table's ``analysis.*`` config columns (the experiment's ``analysis:``), or defaults."""
+    if spec is not None:
+        return spec
+    given = {c.split(".", 1)[1]: table[c].iloc[0] for c in table.columns if c.startswith("analysis.") and len(table)}
+    for name in given:
+        if table[f"analysis.{name}"].nunique(dropna=False) > 1:
+            raise ConfigError(f"analysis.{name} differs between runs: give spec= explicitly")
+    return AnalysisSpec(**{k: v.item() if hasattr(v, "item") else v for k, v in given.items()
+                           if k in AnalysisSpec.model_fields})
+
+
+# ----------------------------------------------------------------------------- intervals per run
+def _available(requests: pd.DataFrame, metric: str) -> bool:
+    """Whether ``requests`` can give ``metric`` (a latency statistic needs its column, e.g. ``ttft_s``)."""
+    return metric not in LATENCY_STATS or LATENCY_STATS[metric][0] in requests
+
+
+def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec | None = None, *,
+                  metrics: Sequence[str] = HEADLINE, results: str | os.PathLike = "results",
+                  folder: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The experiment table with, per metric, ``<metric>_warmed``, ``<metric>_ci_low``, ``<metric>_ci_high``
+    and ``<metric>_lag1`` (NaN where a run's requests cannot give the metric, e.g. TTFT of a replay), and
+    ``warmed_requests``, ``warmup_requests``, ``warmup_seconds``, ``ci_windows``, ``ci_level``.
+
+    ``source``: ``kvlab.results.load``'s table (its results folder: ``folder``, else ``results/<experiment>``)
+    or an experiment name, folder or YAML file. ``spec``: default the table's ``analysis.*`` columns.
+    """
+    table, path = table_and_folder(source, results, folder)
+    spec = spec_of(table, spec)
+    for m in metrics:
+        metric_function(m)  # ConfigError for an unknown name
+    rows = []
+    for rid in table["run_id"]:
+        requests = run_requests(path, rid)
+        warmed = after_warmup(requests, **spec.warmup())
+        row: dict = {"warmed_requests": len(warmed)}
+        for m in metrics:
+            if not _available(requests, m):
+                row.update({f"{m}_warmed": math.nan, f"{m}_ci_low": math.nan, f"{m}_ci_high": math.nan,
+                            f"{m}_lag1": math.nan})
+                continue
+            interval = batch_means(requests, m, n_batches=spec.windows, level=spec.confidence, **spec.warmup())
+            row.update({f"{m}_warmed": metric_function(m)[1](warmed), f"{m}_ci_low": interval.low,
+                        f"{m}_ci_high": interval.high, f"{m}_lag1": lag1_autocorrelation(interval.replicates)})
+        rows.append(row)
+    out = pd.concat([table, pd.DataFrame(rows, index=table.index)], axis=1)
+    out["warmup_requests"] = spec.warmup_requests
+    out["warmup_seconds"] = spec.warmup_seconds
+    out["ci_windows"] = spec.windows
+    out["ci_level"] = spec.confidence
+    return out
+
+
+# ----------------------------------------------------------------------------- across replicates
+def replicate_intervals(table: pd.DataFrame, metrics: Sequence[str] = ("token_hit_rate",), *,
+                        replicate: Sequence[str] = REPLICATE, confidence: float | None = None) -> pd.DataFrame:
+    """One row per point (the config columns but ``replicate``), with ``replicates`` (runs) and, per metric,
+    ``<metric>_rep_mean`` and the t interval ``<metric>_rep_low`` .. ``_rep_high`` over the runs'
+    ``<metric>_warmed`` (or ``<metric>`` when :func:`run_intervals` was not applied); NaN bounds with one run.
+
+    Replicates differ in a seed or a resampled trace, so their values are independent draws and the t interval
+    covers run-to-run variation (batch means cover variation over time within one run).
+    """
+    keys = config_columns(table, exclude=list(replicate) + ["sweep_point"])
+    level = confidence if confidence is not None else float(table["ci_level"].iloc[0]) if "ci_level" in table \
+        else AnalysisSpec().confidence
+    rows = []
+    for key, group in table.groupby(keys, dropna=False, sort=False) if keys else [((), table)]:
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+        row["replicates"] = len(group)
+        for m in metrics:
+            values = group[f"{m}_warmed" if f"{m}_warmed" in group else m].to_numpy(dtype=np.float64)
+            values = values[np.isfinite(values)]
+            if len(values) >= 2:
+                mean, low, high = t_interval(values, level)
+            else:
+                mean, low, high = (float(values[0]) if len(values) else math.nan), math.nan, math.nan
+            row.update({f"{m}_rep_mean": mean, f"{m}_rep_low": low, f"{m}_rep_high": high})
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["ci_level"] = level
+    return out
+
+
+# ----------------------------------------------------------------------------- paired comparisons
+def paired(source: pd.DataFrame | str | os.PathLike, a: object, b: object, *, column: str = "cache.policy",
+           by: Sequence[str] | None = None, metric: str = "token_hit_rate", spec: AnalysisSpec | None = None,
+           results: str | os.PathLike = "results", folder: str | os.PathLike | None = None) -> pd.DataFrame:
+    """A − B per matching point: the run whose ``column`` is ``a`` minus the run whose ``column`` is ``b``, on
+    the same batch-means windows after warm-up (:func:`kvlab.analysis.intervals.paired_batch_means`).
+
+    Runs match when they agree on ``by`` (default: every config column but ``column``, so replicates pair
+    with the replicate of the same seed). One row per point: the ``by`` columns that vary in the table, ``a``,
+    ``b``, ``metric``, ``estimate`` (mean of the window differences), ``low``, ``high``, ``level``, ``n``
+    (windows), ``lag1`` (lag-1 autocorrelation of the differences), ``run_a``, ``run_b``.
+    """
+    table, path = table_and_folder(source, results, folder)
+    spec = spec_of(table, spec)
+    if column not in table:
+        raise ConfigError(f"column {column!r} is not in the experiment table")
+    keys = list(by) if by is not None else config_columns(table, exclude=[column, "sweep_point"])
+    side: dict[str, dict[tuple, pd.Series]] = {}
+    for name, value in (("a", a), ("b", b)):
+        part = table[table[column] == value]
+        if part.empty:
+            raise ConfigError(f"{name}={value!r}: no run has {column} = {value!r}; values: "
+                              f"{', '.join(map(str, table[column].unique()))}")
+        side[name] = {}
+        for _, row in part.iterrows():
+            point = tuple(str(row[k]) for k in keys)  # str: None and NaN match themselves
+            if point in side[name]:
+                raise ConfigError(f"{name}={value!r}: several runs per point of {keys}: add the column that "
+                                  "tells them apart to by=")
+            side[name][point] = row
+    common = [p for p in side["a"] if p in side["b"]]
+    shown = [k for k in keys if table[k].astype(str).nunique() > 1]  # the point's coordinates
+    if not common:
+        raise ConfigError(f"no point has runs of both {a!r} and {b!r}")
+    rows, cache = [], {}
+    for point in common:
+        ra, rb = side["a"][point], side["b"][point]
+        interval = paired_batch_means(run_requests(path, ra["run_id"], cache), run_requests(path, rb["run_id"], cache),
+                                      metric, n_batches=spec.windows, level=spec.confidence, **spec.warmup())
+        rows.append({**{k: ra[k] for k in shown}, "a": a, "b": b, **interval.as_row(),
+                     "lag1": lag1_autocorrelation(interval.replicates), "run_a": ra["run_id"], "run_b": rb["run_id"]})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "experiment_dir", "paired",
+           "replicate_intervals", "run_intervals", "run_requests", "table_and_folder"]

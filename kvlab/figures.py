@@ -1,0 +1,419 @@
+"""``kvlab figures``: rerun every notebook on a fresh kernel (papermill) and index the figures they wrote.
+
+Layout (docs/figures.md): ``OUT/<notebook>/<figure>.{png,pdf,parquet,json}`` written by the notebooks
+(:func:`kvlab.plots.style.save`), ``OUT/<notebook>/<notebook>.ipynb`` the executed copy (outputs kept; the git
+copy is never touched) and ``OUT/index.json`` + ``OUT/index.md``: every figure with its caption's finding,
+config hash and trace checksum. A caption with ``"needs_download": "<command>"`` marks a figure whose data is
+absent; ``"timing": true`` marks data that holds measured wall times (not byte-stable between runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import ConfigError, KvlabError, printable
+from kvlab.results import atomic_write_file
+
+INDEX_KIND = "kvlab figures index"
+MD_MARK = "<!-- kvlab figures index: written by `kvlab figures`, replaced on every run -->"
+FIGURE_SUFFIXES = (".png", ".pdf", ".parquet", ".json")
+#: metadata a stored notebook must not carry (widget state, execution timing, papermill's run record)
+VOLATILE_NOTEBOOK_METADATA = ("widgets", "papermill", "kvlab_figures")
+VOLATILE_CELL_METADATA = ("execution", "ExecuteTime", "papermill")
+#: the kernel logs nothing on the terminal (its TCP notice and the interrupt at shutdown); cell output is kept
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+class NotebookError(KvlabError, RuntimeError):
+    """A notebook failed while ``kvlab figures`` ran it (names the notebook, the cell and the executed copy)."""
+
+
+@dataclass
+class NotebookRun:
+    """One executed notebook: its source, executed copy, wall time and the figures its folder holds."""
+
+    notebook: Path
+    executed: Path
+    seconds: float
+    figures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def select_notebooks(folder: Path, only: str | None = None) -> list[Path]:
+    """The notebooks ``folder/*.ipynb`` in name order; ``only`` (``"01,03"``) keeps those whose stem or
+    number prefix is listed."""
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such notebooks folder (run kvlab figures from the repository root, "
+                          "or give --notebooks DIR)")
+    paths = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
+    if not paths:
+        raise ConfigError(f"{folder}: holds no notebooks (*.ipynb)")
+    if only is None:
+        return paths
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    chosen = []
+    for w in wanted:
+        hits = [p for p in paths if w in (p.stem, p.stem.split("_", 1)[0])]
+        if not hits:
+            names = ", ".join(p.stem for p in paths)
+            raise ConfigError(f"--only: no notebook '{printable(w)}' in {folder} (have: {names})")
+        chosen += [p for p in hits if p not in chosen]
+    return sorted(chosen)
+
+
+def default_out(quick: bool) -> Path:
+    """``results/figures``, or ``results/figures/quick`` for quick runs (as kvlab.plots.style.figure_folder)."""
+    return Path("results/figures/quick") if quick else Path("results/figures")
+
+
+def executed_path(notebook: Path, out: Path, executed_dir: Path | None = None) -> Path:
+    """Where the executed copy of ``notebook`` goes: ``OUT/<stem>/<stem>.ipynb`` or ``DIR/<stem>.ipynb``."""
+    return (executed_dir / notebook.name) if executed_dir is not None else out / notebook.stem / notebook.name
+
+
+def check_targets(notebooks: list[Path], out: Path, executed_dir: Path | None = None) -> None:
+    """Refuse, before anything runs, to overwrite a file kvlab figures did not write (the git notebook
+    included)."""
+    for nb in notebooks:
+        target = executed_path(nb, out, executed_dir)
+        if target.resolve() == nb.resolve():
+            raise ConfigError(f"{target}: is the notebook itself; give another --executed folder")
+        if target.exists() and not _ours_notebook(target):
+            raise ConfigError(f"{target}: exists and was not written by kvlab figures; give another --out or "
+                              "--executed (kvlab never overwrites files it did not write)")
+    for target, ours in ((out / "index.json", _ours_index_json), (out / "index.md", _ours_index_md)):
+        if target.exists() and not ours(target):
+            raise ConfigError(f"{target}: exists and was not written by kvlab figures; give another --out "
+                              "(kvlab never overwrites files it did not write)")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _ours_notebook(path: Path) -> bool:
+    data = _read_json(path)
+    return isinstance(data, dict) and "kvlab_figures" in data.get("metadata", {})
+
+
+def _ours_index_json(path: Path) -> bool:
+    data = _read_json(path)
+    return isinstance(data, dict) and data.get("kind") == INDEX_KIND
+
+
+def _ours_index_md(path: Path) -> bool:
+    try:
+        with path.open() as f:
+            return f.readline().rstrip("\n") == MD_MARK
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables (the kernel inherits them) and restore the old values afterwards."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # errors come back as one NotebookError line
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def kernel_environment(out: Path, quick: bool) -> dict[str, str]:
+    """What a notebook's kernel sees: the figures root, quick mode, a headless backend and a fixed hash seed
+    (set and dict orders of strings repeat between runs)."""
+    return {"KVLAB_FIGURES_DIR": str(out.resolve()), "KVLAB_QUICK": "1" if quick else "0", "MPLBACKEND": "Agg",
+            "PYTHONHASHSEED": "0"}
+
+
+def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path | None = None,
+                 cwd: Path | None = None, timeout: float | None = None) -> NotebookRun:
+    """Execute ``notebook`` top to bottom on a fresh kernel (cwd: ``cwd``, default the notebooks folder's
+    parent, i.e. the repository root) with :func:`kernel_environment`; the executed copy is written
+    atomically (also when a cell fails). Raises :class:`NotebookError` naming the failing cell."""
+    import nbformat
+    try:
+        import papermill
+        from papermill.exceptions import PapermillExecutionError
+    except ImportError:
+        raise ConfigError("kvlab figures needs papermill: pip install 'kvlab[notebooks]'") from None
+    from jupyter_client.kernelspec import NoSuchKernel
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    target = executed_path(notebook, out, executed_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    cwd = Path(cwd) if cwd is not None else notebook.resolve().parent.parent
+    source = nbformat.read(notebook, as_version=4)
+    tagged = any("parameters" in c.get("metadata", {}).get("tags", []) for c in source.cells)
+    started = time.time()
+    failure: str | None = None
+
+    def execute(tmp: Path) -> None:
+        nonlocal failure
+        try:
+            # papermill's notices: the temporary's name does not end in .ipynb; QUICK is computed, not a literal
+            with warnings.catch_warnings(), _quiet_logger("papermill"):
+                warnings.filterwarnings("ignore", message="The specified file .* does not end in")
+                papermill.execute_notebook(str(notebook.resolve()), str(Path(tmp).resolve()),
+                                           parameters={"QUICK": quick} if tagged else None,
+                                           progress_bar=False, log_output=False, cwd=str(cwd),
+                                           execution_timeout=timeout, extra_arguments=KERNEL_ARGUMENTS)
+        except PapermillExecutionError as exc:
+            failure = f"{_cell_name(source, exc.source, exc.exec_count)} raised {exc.ename}: {printable(exc.evalue)}"
+        except (CellTimeoutError, DeadKernelError) as exc:  # the kernel hung or died: papermill marked the cell
+            failure = f"{type(exc).__name__}: {printable(str(exc).strip().split(chr(10))[0])}"
+        except NoSuchKernel as exc:
+            raise ConfigError(f"{notebook}: no Jupyter kernel '{exc.args[0] if exc.args else exc}' "
+                              "(pip install ipykernel)") from None
+        if not Path(tmp).exists() or Path(tmp).stat().st_size == 0:  # nothing executed: keep any old copy
+            raise NotebookError(f"{notebook}: {failure or 'papermill wrote no executed notebook'}")
+        nb = nbformat.read(tmp, as_version=4)
+        if failure is not None and not failure.startswith("cell"):
+            ran = [c for c in nb.cells if c.cell_type == "code"
+                   and c.metadata.get("papermill", {}).get("status", "pending") != "pending"]
+            cell = next((c for c in ran if c.metadata["papermill"].get("exception")), ran[-1] if ran else None)
+            if cell is not None:  # the cell that raised, else the last one started
+                failure = f"{_cell_name(source, cell.source, cell.get('execution_count'))}: {failure}"
+        nb.metadata["kvlab_figures"] = {"notebook": notebook.name, "quick": quick,
+                                        "seconds": round(time.time() - started, 3), "started": started,
+                                        "error": failure}
+        nbformat.write(nb, tmp)
+
+    with _environment(kernel_environment(out, quick)):
+        atomic_write_file(target, execute)
+    seconds = time.time() - started
+    if failure is not None:
+        raise NotebookError(f"{notebook}: {failure} (after {seconds:.0f} s; the executed notebook with the "
+                            f"traceback: {target})")
+    return NotebookRun(notebook, target, seconds, figure_records(out / notebook.stem, since=started))
+
+
+def _cell_name(source: Any, text: Any, exec_count: int | None) -> str:
+    """``cell 5 ("table = run_sweep(...")``: the number (1-based) in the stored notebook of the cell whose source
+    is ``text``, and its first line."""
+    text = text if isinstance(text, str) else "".join(text or [])
+    number = next((i for i, c in enumerate(source.cells, 1) if c.source == text), None)
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    first = printable(first if len(first) <= 60 else first[:57] + "...")
+    where = f"cell {number}" if number is not None else f"cell In [{exec_count}]"
+    return f'{where} ("{first}")'
+
+
+def figure_records(folder: Path, since: float | None = None) -> list[dict[str, Any]]:
+    """The figures in ``folder``: for each name, its files and its caption's finding, config hash, trace
+    checksum, timing and needs-download marks and the data's sha256. ``stale``: no file of it written since
+    ``since`` (the notebook no longer makes it)."""
+    if not folder.is_dir():
+        return []
+    names = sorted({p.stem for p in folder.iterdir()
+                    if p.suffix in FIGURE_SUFFIXES and p.is_file() and not p.name.startswith(".")})
+    records = []
+    for name in names:
+        files = [folder / f"{name}{s}" for s in FIGURE_SUFFIXES if (folder / f"{name}{s}").is_file()]
+        cap = _read_json(folder / f"{name}.json") if (folder / f"{name}.json").is_file() else None
+        cap = cap if isinstance(cap, dict) else {}
+        trace = cap.get("trace") if isinstance(cap.get("trace"), dict) else {}
+        data = folder / f"{name}.parquet"
+        records.append({
+            "name": name,
+            "files": [p.name for p in files],
+            "finding": cap.get("finding"),
+            "config_hash": cap.get("config_hash"),
+            "trace": Path(str(trace["source"])).name if trace.get("source") else None,
+            "trace_sha256": trace.get("file_sha256") or trace.get("content_sha256"),
+            "timing": bool(cap.get("timing", False)),
+            "needs_download": cap.get("needs_download"),
+            "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest() if data.is_file() else None,
+            "stale": since is not None and max(p.stat().st_mtime for p in files) < since - 2.0,
+        })
+    return records
+
+
+def build_index(out: Path, quick: bool) -> dict[str, Any]:
+    """The index of every notebook folder under ``out`` (figures and the executed copy's run record)."""
+    notebooks = []
+    folders = sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) if out.is_dir() else []
+    for folder in folders:
+        executed = _read_json(folder / f"{folder.name}.ipynb")
+        run = executed.get("metadata", {}).get("kvlab_figures", {}) if isinstance(executed, dict) else {}
+        figures = figure_records(folder, since=run.get("started"))
+        if not figures and not run:
+            continue
+        notebooks.append({"notebook": folder.name, "executed": f"{folder.name}.ipynb" if run else None,
+                          "quick": run.get("quick"), "seconds": run.get("seconds"), "error": run.get("error"),
+                          "figures": figures})
+    return {"kind": INDEX_KIND, "quick": quick, "notebooks": notebooks}
+
+
+def data_digests(index: dict[str, Any]) -> dict[str, str]:
+    """``{"<notebook>/<figure>": sha256 of its parquet}`` for every figure whose data is not timing: the files
+    two runs must write byte-equal."""
+    return {f"{nb['notebook']}/{f['name']}": f["data_sha256"] for nb in index["notebooks"] for f in nb["figures"]
+            if f["data_sha256"] and not f["timing"] and not f["stale"]}
+
+
+def index_markdown(index: dict[str, Any]) -> str:
+    """The index as Markdown: one table per notebook (figure, finding, config hash, trace, files)."""
+    lines = [MD_MARK, "", "# Figures" + (" (quick mode)" if index["quick"] else ""), "",
+             "Regenerate with `make figures` (docs/figures.md). Each figure's data is `<figure>.parquet`, its caption "
+             "`<figure>.json`.", ""]
+    for nb in index["notebooks"]:
+        secs = f", {nb['seconds']:.0f} s" if nb.get("seconds") is not None else ""
+        lines += [f"## {nb['notebook']}{secs}", ""]
+        if nb.get("error"):
+            lines += [f"**Failed:** {nb['error']}", ""]
+        lines += ["| figure | finding | config | trace | files |", "|---|---|---|---|---|"]
+        for f in nb["figures"]:
+            finding = f["finding"] or ""
+            if f["needs_download"]:
+                finding = f"needs download: `{f['needs_download']}`" + (f"; {finding}" if finding else "")
+            if f["stale"]:
+                finding = "(stale: not written by the last run) " + finding
+            trace = f"{f['trace'] or ''} `{(f['trace_sha256'] or '')[:12]}`" if f["trace_sha256"] else ""
+            files = " ".join(f"[{Path(n).suffix[1:]}]({nb['notebook']}/{n})" for n in f["files"])
+            cells = [f["name"], finding, f"`{f['config_hash']}`" if f["config_hash"] else "", trace, files]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_index(out: Path, quick: bool) -> dict[str, Any]:
+    """Write ``out/index.json`` and ``out/index.md`` atomically; returns the index."""
+    out.mkdir(parents=True, exist_ok=True)
+    index = build_index(out, quick)
+    text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+    atomic_write_file(out / "index.json", lambda p: Path(p).write_text(text))
+    md = index_markdown(index)
+    atomic_write_file(out / "index.md", lambda p: Path(p).write_text(md))
+    return index
+
+
+def stripped_problems(path: Path) -> list[str]:
+    """What keeps a stored notebook from being clean: outputs, execution counts, volatile metadata."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    problems = [f"notebook metadata '{k}'" for k in VOLATILE_NOTEBOOK_METADATA if k in nb.metadata]
+    for i, cell in enumerate(nb.cells, 1):
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):
+            problems.append(f"cell {i}: outputs or execution count")
+        problems += [f"cell {i}: metadata '{k}'" for k in VOLATILE_CELL_METADATA if k in cell.metadata]
+    return problems
+
+
+def strip_notebook(path: Path) -> bool:
+    """Clear ``path``'s outputs, execution counts and volatile metadata in place (atomically, only if any);
+    True if it changed. Cell sources, tags and the kernelspec are kept."""
+    import nbformat
+
+    if not stripped_problems(path):
+        return False
+    nb = nbformat.read(path, as_version=4)
+    for k in VOLATILE_NOTEBOOK_METADATA:
+        nb.metadata.pop(k, None)
+    for cell in nb.cells:
+        for k in VOLATILE_CELL_METADATA:
+            cell.metadata.pop(k, None)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    atomic_write_file(path, lambda p: nbformat.write(nb, str(p)))
+    return True
+
+
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Register ``figures`` on kvlab's subcommands."""
+    p = sub.add_parser("figures", parents=[common],
+                       help="rerun every notebook (fresh kernel) into results/figures/<notebook>/ (docs/figures.md)")
+    p.add_argument("--quick", action="store_true", help="quick mode (KVLAB_QUICK=1): small traces, seconds each")
+    p.add_argument("--only", default=None, metavar="01,03", help="only these notebooks (number prefix or stem)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="figures root (default results/figures, or results/figures/quick with --quick)")
+    p.add_argument("--executed", type=Path, default=None, metavar="DIR",
+                   help="executed notebooks go to DIR/<notebook>.ipynb (default OUT/<notebook>/<notebook>.ipynb)")
+    p.add_argument("--notebooks", type=Path, default=Path("notebooks"), metavar="DIR",
+                   help="the notebooks folder (default notebooks; the kernels run in its parent folder)")
+    p.add_argument("--check-stripped", action="store_true",
+                   help="run nothing: check the notebooks are stored without outputs or volatile metadata")
+    p.add_argument("--strip", action="store_true",
+                   help="run nothing: clear the notebooks' outputs and volatile metadata in place (make strip)")
+    p.set_defaults(func=cmd_figures)
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    """Run the selected notebooks in order, print each one's wall time and a summary, write the index."""
+    notebooks = select_notebooks(args.notebooks, args.only)
+    if args.strip:
+        changed = [nb for nb in notebooks if strip_notebook(nb)]
+        for nb in changed:
+            print(f"{nb}: stripped")
+        print(f"{len(changed)} of {len(notebooks)} notebooks stripped")
+        return 0
+    if args.check_stripped:
+        bad = {nb: stripped_problems(nb) for nb in notebooks}
+        for nb, problems in bad.items():
+            for problem in problems:
+                print(f"{nb}: {problem}")
+        if any(bad.values()):
+            raise ConfigError(f"{sum(map(bool, bad.values()))} notebook(s) stored with outputs or volatile metadata "
+                              "(make strip)")
+        print(f"{len(notebooks)} notebooks stored without outputs")
+        return 0
+    out = args.out if args.out is not None else default_out(args.quick)
+    check_targets(notebooks, out, args.executed)
+    runs: list[NotebookRun] = []
+    try:
+        for nb in notebooks:
+            print(f"{nb.stem}: running ({'quick' if args.quick else 'full'} mode) ...", flush=True)
+            run = run_notebook(nb, out, quick=args.quick, executed_dir=args.executed)
+            runs.append(run)
+            print(f"{nb.stem}: {len(run.figures)} figures in {run.seconds:.1f} s", flush=True)
+    finally:
+        write_index(out, args.quick)
+    _print_summary(runs, out)
+    return 0
+
+
+def _print_summary(runs: list[NotebookRun], out: Path) -> None:
+    width = max([len(r.notebook.stem) for r in runs] + [8])
+    print(f"\n{'notebook':<{width}}  figures  needs download  stale  time (s)")
+    for r in runs:
+        fresh = [f for f in r.figures if not f["stale"]]
+        print(f"{r.notebook.stem:<{width}}  {len(fresh):>7}  {sum(bool(f['needs_download']) for f in fresh):>14}  "
+              f"{len(r.figures) - len(fresh):>5}  {r.seconds:>8.1f}")
+    print(f"{'total':<{width}}  {sum(not f['stale'] for r in runs for f in r.figures):>7}  {'':>14}  {'':>5}  "
+          f"{sum(r.seconds for r in runs):>8.1f}")
+    print(f"index: {out / 'index.md'}")
+
+
+__all__ = ["INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index", "check_targets", "data_digests",
+           "default_out", "executed_path", "figure_records", "kernel_environment", "run_notebook",
+           "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]

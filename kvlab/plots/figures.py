@@ -1,0 +1,153 @@
+"""One call from an experiment's results to a saved figure: :func:`figure_from_experiment`.
+
+It loads the experiment table (``kvlab.results.load``), computes the intervals (:mod:`kvlab.analysis.runs`,
+warm-up and windows from ``spec`` or the experiment's ``analysis:``), draws one of :data:`KINDS` and writes it
+with :func:`kvlab.plots.style.save`: PNG, PDF, the data drawn (parquet) and a caption (JSON: the experiment,
+what the figure shows with its units, the analysis settings, every run id with its config hash, the trace
+checksums from the runs' manifests). docs/plots.md describes each kind.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from kvlab.analysis.runs import (
+    AnalysisSpec,
+    config_columns,
+    replicate_intervals,
+    run_intervals,
+    run_requests,
+    spec_of,
+    table_and_folder,
+)
+from kvlab.plots import style
+from kvlab.plots.capacity import plot_hit_rate_vs_capacity, series_data
+from kvlab.plots.serving import plot_memory_timeline, plot_ttft_cdf, plot_ttft_vs_load
+from kvlab.plots.tiers import plot_tier_breakdown
+
+#: kind -> what the figure shows (the caption's ``shows``)
+KINDS = {
+    "hit_rate_vs_capacity": "token hit rate (fraction of prompt tokens, after warm-up) against cache capacity "
+                            "(blocks, log scale), one line per policy; bands: confidence intervals (batch means "
+                            "over warmed windows of each run, or a t interval over replicate runs)",
+    "ttft_cdf": "empirical CDF of TTFT (s, log scale) over admitted requests, one line per run",
+    "ttft_vs_load": "TTFT p50 and p90 (s, after warm-up) against the mean arrival rate (requests/s), one colour "
+                    "per policy; bands: batch-means confidence intervals",
+    "memory_timeline": "KV memory of one run's first instance over simulated time (s): blocks (or GiB) held by "
+                       "running requests and cached evictable blocks, stacked",
+    "tier_breakdown": "token hit rate of each run split by the tier that served the hit (fraction of prompt "
+                      "tokens), stacked bars",
+}
+
+
+def varying(table: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The config columns whose values differ between the table's rows."""
+    return [c for c in config_columns(table, exclude=["sweep_point", *exclude]) if table[c].astype(str).nunique() > 1]
+
+
+def run_labels(table: pd.DataFrame) -> list[str]:
+    """A short label per row: ``field=value`` of every varying config column (the run id when none varies)."""
+    cols = varying(table)
+    if not cols:
+        return table["run_id"].astype(str).tolist()
+    return [", ".join(f"{c.rsplit('.', 1)[-1]}={row[c]}" for c in cols) for _, row in table.iterrows()]
+
+
+def caption(table: pd.DataFrame, folder: Path, kind: str, spec: AnalysisSpec) -> dict:
+    """The figure's caption: experiment, what it shows, analysis settings, runs (id, config hash, label) and the
+    trace checksums (manifests' ``trace.sha256`` and content checksum)."""
+    from kvlab.results import read_manifest
+
+    runs, traces = [], {}
+    for rid, label in zip(table["run_id"], run_labels(table), strict=True):
+        manifest = read_manifest(folder / "runs" / rid)
+        trace = manifest.get("trace") or {}
+        traces[trace.get("name") or trace.get("source")] = {"sha256": trace.get("sha256"),
+                                                           "content_sha256": trace.get("content_sha256")}
+        runs.append({"run_id": rid, "config_hash": manifest.get("config_hash"), "label": label})
+    names = table["experiment"].unique().tolist() if "experiment" in table else [folder.name]
+    return {"experiment": names[0] if len(names) == 1 else names, "figure": kind, "shows": KINDS[kind],
+            "analysis": spec.model_dump(), "runs": runs, "traces": traces}
+
+
+def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: str = "hit_rate_vs_capacity", *,
+                           results: str | os.PathLike = "results", folder: str | os.PathLike | None = None,
+                           out: str | os.PathLike | None = None, spec: AnalysisSpec | None = None,
+                           hue: str = "cache.policy", run_id: str | None = None, name: str | None = None) -> list[Path]:
+    """Draw figure ``kind`` (:data:`KINDS`) of ``experiment`` (a name under ``results``, a results folder, the
+    YAML file or ``kvlab.results.load``'s table with ``folder``) and save it as ``out/<name>`` (default
+    ``<results>/figures/<experiment>/<kind>``) with :func:`style.save`; returns the paths written.
+
+    ``spec``: warm-up, windows, level (default: the experiment's ``analysis:``); ``hue``: the column one line
+    per value; ``run_id``: the run of ``memory_timeline`` (default: the first).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    table, path = table_and_folder(experiment, results, folder)
+    if table.empty:
+        raise ValueError(f"{path}: no complete runs to draw")
+    spec = spec_of(table, spec)
+    table = table.sort_values(varying(table), kind="stable").reset_index(drop=True) if varying(table) else table
+    exp_name = str(table["experiment"].iloc[0]) if "experiment" in table else path.name
+    fig, ax = plt.subplots(figsize=style.SINGLE)
+    try:
+        if kind == "hit_rate_vs_capacity":
+            data = _hit_rate(table, path, spec, hue, ax, exp_name)
+        elif kind == "ttft_vs_load":
+            table = run_intervals(table, spec, metrics=("ttft_p50_s", "ttft_p90_s"), folder=path)
+            _, data = plot_ttft_vs_load(table, hue=hue, ax=ax, title=exp_name)
+        elif kind == "ttft_cdf":
+            frames = {label: run_requests(path, rid) for rid, label in zip(table["run_id"], run_labels(table),
+                                                                              strict=True)}
+            _, data = plot_ttft_cdf(frames, ax=ax, title=exp_name)
+        elif kind == "memory_timeline":
+            data = _memory(table, path, run_id, ax, exp_name)
+        else:
+            _, data = plot_tier_breakdown(table, ax=ax, title=exp_name)
+        where = Path(out) if out is not None else Path(results) / "figures" / exp_name
+        return style.save(fig, where, name or kind, data=data, caption=caption(table, path, kind, spec))
+    finally:
+        plt.close(fig)
+
+
+def _hit_rate(table: pd.DataFrame, path: Path, spec: AnalysisSpec, hue: str, ax, title: str) -> pd.DataFrame:  # noqa: ANN001
+    """Hit rate vs capacity: batch-means bands per run, or replicate bands where points have several runs."""
+    ideal = "ideal_hit_rate" in table
+    table = run_intervals(table, spec, metrics=("token_hit_rate", "ideal_hit_rate") if ideal else ("token_hit_rate",),
+                          folder=path)
+    reps = replicate_intervals(table)
+    drawn = reps if (reps["replicates"] > 1).any() else table
+    if ideal:  # the infinite cache over the same warmed requests
+        drawn = drawn.assign(ideal_hit_rate=table["ideal_hit_rate_warmed"].max())
+    x = "cache.capacity_blocks" if drawn["cache.capacity_blocks"].notna().all() else "capacity_blocks"
+    what = "t interval over replicate runs" if drawn is reps else f"batch means, {spec.windows} windows"
+    plot_hit_rate_vs_capacity(drawn, hue=hue, x=x, ax=ax, title=f"{title}\n{_analysis_note(spec)}, "
+                              f"{spec.confidence:.0%} CI: {what}")
+    return series_data(drawn, x, "token_hit_rate", hue)
+
+
+def _analysis_note(spec: AnalysisSpec) -> str:
+    parts = [f"{spec.warmup_requests:,} requests"] if spec.warmup_requests else []
+    parts += [f"{spec.warmup_seconds:g} s"] if spec.warmup_seconds else []
+    return f"after warm-up ({' and '.join(parts)})" if parts else "no warm-up"
+
+
+def _memory(table: pd.DataFrame, path: Path, run_id: str | None, ax, title: str) -> pd.DataFrame:  # noqa: ANN001
+    from kvlab.results import read_results
+
+    rid = run_id or str(table["run_id"].iloc[0])
+    run = read_results(path / "runs" / rid)
+    if "timeseries" not in run.tables:
+        raise ValueError(f"run {rid} has no timeseries (memory_timeline needs a simulator run)")
+    row = table[table["run_id"] == rid].iloc[0]
+    _, data = plot_memory_timeline(run.tables["timeseries"], kv_bytes_per_block=row.get("kv_bytes_per_block"),
+                                   capacity_blocks=row.get("capacity_blocks"), ax=ax,
+                                   title=f"{title}: {run_labels(table)[int(row.name)]}")
+    return data
+
+
+__all__ = ["KINDS", "caption", "figure_from_experiment", "run_labels", "varying"]
