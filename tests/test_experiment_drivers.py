@@ -63,12 +63,18 @@ def test_existing_run_ids_are_unchanged(trace: Path) -> None:
     assert Experiment(**explicit).to_dict()["trace"] == dumped["trace"]
 
 
-def test_analysis_is_not_part_of_a_run(trace: Path) -> None:
-    data = {**experiment_dict(trace), "analysis": {"warmup_requests": 50, "warmup_seconds": 3.5, "windows": 20,
-                                                   "confidence": 0.9}}
-    e = Experiment(**data)
-    assert (e.analysis.warmup_requests, e.analysis.warmup_seconds, e.analysis.windows) == (50, 3.5, 20)
+def test_analysis_is_recorded_but_not_part_of_a_run(tmp_path: Path, trace: Path) -> None:
+    from kvlab.analysis import run_intervals
+
+    analysis = {"warmup_requests": 20, "warmup_seconds": 0.0, "windows": 4, "confidence": 0.9}
+    data = {**experiment_dict(trace, name="an"), "analysis": analysis}
+    assert Experiment(**data).analysis.warmup_requests == 20
     assert ids(data) == BASE_IDS
+    data["sweep"] = {"grid": {"cache.capacity_blocks": [4, 16]}}
+    table = run_experiment(Experiment(**data), tmp_path, progress=False)
+    assert list(table["analysis.warmup_requests"]) == [20, 20]  # the columns kvlab.analysis.runs reads
+    warm = run_intervals(table, folder=tmp_path / "an")
+    assert set(warm["warmup_requests"]) == {20} and set(warm["ci_windows"]) == {4}
     with pytest.raises(ConfigError, match=r"analysis.confidence: must be in \(0, 1\), got 1.5"):
         Experiment(**{**data, "analysis": {"confidence": 1.5}})
     with pytest.raises(ConfigError, match="unknown field 'analysis.windows'"):

@@ -3,10 +3,11 @@
 An :class:`Experiment` holds the trace (with its transforms: ``limit``, session resampling), the hasher,
 the cache (block size, capacity, policy and its parameters, tiers), the driver (``replay``, ``simulate`` or
 ``engine``, with its ``simulate:`` or ``engine:`` section), the model and hardware, the seed, the ``analysis``
-settings applied when results are read (never part of a run), and a ``sweep``: ``grid`` axes (every
-combination) and ``zip`` axes (advanced together), each keyed by the dotted path of any field
-(``cache.policy``, ``cache.capacity_blocks``, ``cache.policy_params.small_ratio``, ``trace.resample_seed``,
-``seed``...). :func:`expand` turns it into one validated run (an Experiment without a sweep) per point.
+settings applied when results are read (kvlab.analysis.runs; recorded, never part of a run id), and a
+``sweep``: ``grid`` axes (every combination) and ``zip`` axes (advanced together), each keyed by the dotted
+path of any field (``cache.policy``, ``cache.capacity_blocks``, ``cache.policy_params.small_ratio``,
+``trace.resample_seed``, ``seed``...). :func:`expand` turns it into one validated run (an Experiment without
+a sweep) per point.
 
 Units: capacities in blocks (``capacity_blocks``), tokens (``capacity_tokens``, rounded down to whole
 blocks) or GiB of KV cache for ``model`` (``capacity_gib``, 2**30 bytes, rounded down to whole blocks);
@@ -32,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from kvlab.analysis.runs import AnalysisSpec
 from kvlab.errors import ConfigError
 from kvlab.schema import (
     BlockSize,
@@ -188,18 +190,6 @@ class EngineSpec(Section):
         return self
 
 
-class AnalysisSpec(Section):
-    """How results are read (kvlab.analysis), never part of a run (no run id, manifest or table column holds
-    it): warm-up exclusion of the first ``warmup_requests`` requests and the first ``warmup_seconds`` seconds of
-    arrivals (kvlab.analysis.warmup), ``windows`` batch-means windows and the ``confidence`` level of
-    intervals (kvlab.analysis.batch_means)."""
-
-    warmup_requests: Annotated[int, Field(ge=0)] = 0
-    warmup_seconds: Annotated[float, Field(ge=0)] = 0.0
-    windows: Annotated[int, Field(ge=2, le=100_000)] = 10
-    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
-
-
 class Experiment(Schema):
     """A study: everything one run needs, plus the ``sweep`` axes (see the module docstring)."""
 
@@ -215,10 +205,10 @@ class Experiment(Schema):
     seed: Seed = 0
     simulate: dict = Field(default_factory=dict)  # SimConfig fields (rate, max_num_seqs...), driver simulate
     engine: EngineSpec | None = None  # driver engine (None: EngineSpec's defaults)
-    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, exclude=True)  # applied when results are read
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)  # applied when results are read; not in run ids
     sweep: Sweep = Field(default_factory=lambda: Sweep())
 
-    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"engine": None}  # see Section
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"engine": None, "analysis": AnalysisSpec().model_dump()}  # Section
 
     def __init__(self, **data: Any) -> None:
         try:
