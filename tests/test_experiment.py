@@ -83,7 +83,7 @@ def drop_timing(frame: pd.DataFrame) -> pd.DataFrame:
     ({"cache": {"capacity_gib": 1.0}}, "cache.capacity_gib: GiB of KV need a model"),
     ({"cache": {"capacity_blocks": 4, "policy": "s3fifo", "policy_params": {"zzz": 1}}},
      "cache.policy_params: policy 's3fifo': unknown parameter 'zzz' (accepted: small_ratio"),
-    ({"driver": "engine"}, "driver: must be 'replay' or 'simulate', got 'engine'"),
+    ({"driver": "nope"}, "driver: must be 'replay', 'simulate' or 'engine', got 'nope'"),
     ({"model": "no-such-model"}, "model: no model profile 'no-such-model'"),
     ({"sweep": {"grid": {"cache.nope": [1]}}}, "sweep.grid: unknown field 'cache.nope'; cache has block_size"),
     ({"sweep": {"grid": {"policy": ["lru"]}}}, "unknown field 'policy'; allowed: trace, hasher, cache"),

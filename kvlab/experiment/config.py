@@ -1,10 +1,13 @@
 """The experiment schema: one YAML file (or Python object) describes a whole study.
 
-An :class:`Experiment` holds the trace, the hasher, the cache (block size, capacity, policy and its
-parameters, tiers), the driver (``replay`` or ``simulate``), the model and hardware, the seed, and a
+An :class:`Experiment` holds the trace (with its transforms: ``limit``, session resampling), the hasher,
+the cache (block size, capacity, policy and its parameters, tiers), the driver (``replay``, ``simulate`` or
+``engine``, with its ``simulate:`` or ``engine:`` section), the model and hardware, the seed, the ``analysis``
+settings applied when results are read (kvlab.analysis.runs; recorded, never part of a run id), and a
 ``sweep``: ``grid`` axes (every combination) and ``zip`` axes (advanced together), each keyed by the dotted
 path of any field (``cache.policy``, ``cache.capacity_blocks``, ``cache.policy_params.small_ratio``,
-``seed``...). :func:`expand` turns it into one validated run (an Experiment without a sweep) per point.
+``trace.resample_seed``, ``seed``...). :func:`expand` turns it into one validated run (an Experiment without
+a sweep) per point.
 
 Units: capacities in blocks (``capacity_blocks``), tokens (``capacity_tokens``, rounded down to whole
 blocks) or GiB of KV cache for ``model`` (``capacity_gib``, 2**30 bytes, rounded down to whole blocks);
@@ -20,8 +23,17 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from kvlab.analysis.runs import AnalysisSpec
 from kvlab.errors import ConfigError
 from kvlab.schema import (
     BlockSize,
@@ -39,7 +51,7 @@ from kvlab.schema import (
 )
 from kvlab.tiers.spec import Tier, check_tiers
 
-DRIVERS = ("replay", "simulate")
+DRIVERS = ("replay", "simulate", "engine")
 #: fields of the simulator (kvlab.sim.SimConfig) an experiment may set under ``simulate:``
 SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "rate", "time_scale",
               "tensor_parallel", "dtype", "kv_dtype", "cache_at", "fast_forward", "instances", "router",
@@ -48,19 +60,52 @@ CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
 GIB = 1 << 30
 
 
+def _later_left_out(model: BaseModel, data: object) -> object:
+    """``data`` (a dump of ``model``) without the fields of ``model._LATER_IN_DUMPS`` that hold their defaults
+    there: fields added after experiments were first recorded, so the recorded runs (manifests, table columns)
+    of an experiment that does not use them stay what they were."""
+    if isinstance(data, dict):
+        for name, default in getattr(model, "_LATER_IN_DUMPS", {}).items():
+            if name in data and data[name] == default:
+                del data[name]
+    return data
+
+
 class Section(BaseModel):
     """A part of an experiment: validated like :class:`~kvlab.schema.Schema` (no extra fields, no NaN) but
     without its own ``__init__``, so that errors carry the whole field path from the experiment's root."""
 
     model_config = Schema.model_config
+    #: fields added later -> their defaults, left out of dumps at those defaults (:func:`_later_left_out`)
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
+        return _later_left_out(self, handler(self))
 
 
 class TraceSpec(Section):
-    """Which requests: a trace path or known name, its format (default: detected), the first ``limit``."""
+    """Which requests: a trace path or known name, its format (default: detected), the first ``limit``, then
+    (``resample_seed`` given) one session resample of those: as many sessions as they hold, drawn whole with
+    replacement by ``numpy.random.default_rng(resample_seed)`` (kvlab.analysis.resample_sessions, duplicates
+    isolated). ``resample_by``: the sessions: ``session`` (the trace's session column), ``prefix``
+    (kvlab.analysis.prefix_groups: requests sharing their first two prompt values), ``auto`` (the session
+    column if the trace has one, else prefix groups)."""
 
     path: Annotated[str, Field(min_length=1)]
     format: TraceFormat | None = None
     limit: PositiveInt | None = None
+    resample_seed: Seed | None = None
+    resample_by: Literal["auto", "session", "prefix"] = "auto"
+
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto"}
+
+    @model_validator(mode="after")
+    def _resample_by_needs_a_seed(self) -> TraceSpec:
+        if self.resample_by != "auto" and self.resample_seed is None:
+            raise ValueError(f"trace.resample_by: {self.resample_by!r} applies to a session resample: give "
+                             "trace.resample_seed too")
+        return self
 
 
 class HasherSpec(Section):
@@ -99,6 +144,52 @@ class CacheSpec(Section):
         return self
 
 
+class EngineSpec(Section):
+    """The real engine (``driver: engine``): a transformers model on kvlab's paged KV pool behind the simulator's
+    scheduler, in measured time (kvlab.sim.run_engine_serving, as ``kvlab simulate --executor engine``).
+
+    ``model``: a random-weight shape (kvlab.engine.SHAPES: ``tiny-llama``, ``cpu-bench``...), a ``config.json``
+    file (random weights of that config) or a local Hugging Face checkpoint folder (loaded offline).
+    ``model_seed``: the random weights' seed. ``dtype``: the model's (default: the shape's or checkpoint's);
+    ``kv_dtype``: the KV pool's (default: the model's). ``threads``: torch CPU threads. ``batched``: one packed
+    forward per step. ``verify``: each request's first prefill judged against the uncached forward
+    (``verify_tokens`` greedy tokens). ``timer``: wall or the serving thread's CPU time; ``warmup``: untimed
+    forward passes first. The rest are the scheduler's, as in ``simulate:``. Times are measured seconds.
+    """
+
+    model: Annotated[str, Field(min_length=1)] = "tiny-llama"
+    model_seed: Seed = 0
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    kv_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    device: Annotated[str, Field(pattern=r"^(cpu|auto|cuda(:[0-9]+)?|mps)$")] = "cpu"
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    threads: Annotated[int, Field(ge=1, le=1024)] = 1
+    batched: bool = False
+    verify: bool = False
+    verify_tokens: Annotated[int, Field(ge=1, le=1024)] = 2
+    timer: Literal["wall", "thread"] = "wall"
+    warmup: Annotated[int, Field(ge=0, le=1000)] = 2
+    max_num_seqs: Annotated[int, Field(ge=1, le=1 << 20)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 24)] = 8192
+    rate: Annotated[float, Field(ge=1e-9, le=1e9)] | None = None
+    time_scale: Annotated[float, Field(ge=1e-9, le=1e9)] = 1.0
+    cache_at: Literal["schedule", "compute"] = "schedule"
+
+    @field_validator("model")
+    @classmethod
+    def _model_known(cls, value: str) -> str:
+        from kvlab.experiment.drivers import engine_model_config
+
+        engine_model_config(value)
+        return value
+
+    @model_validator(mode="after")
+    def _rate_or_time_scale(self) -> EngineSpec:
+        if self.rate is not None and self.time_scale != 1.0:
+            raise ValueError("give either rate or time_scale, not both")
+        return self
+
+
 class Experiment(Schema):
     """A study: everything one run needs, plus the ``sweep`` axes (see the module docstring)."""
 
@@ -108,18 +199,26 @@ class Experiment(Schema):
     trace: TraceSpec
     hasher: HasherSpec = Field(default_factory=HasherSpec)
     cache: CacheSpec
-    driver: Literal["replay", "simulate"] = "replay"
+    driver: Literal["replay", "simulate", "engine"] = "replay"
     model: str | None = None  # a model profile (kvlab.sim.profiles): capacity_gib, tier sizes, the simulator
     hardware: str | None = None  # a hardware profile (simulate; default h100)
     seed: Seed = 0
     simulate: dict = Field(default_factory=dict)  # SimConfig fields (rate, max_num_seqs...), driver simulate
+    engine: EngineSpec | None = None  # driver engine (None: EngineSpec's defaults)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)  # applied when results are read; not in run ids
     sweep: Sweep = Field(default_factory=lambda: Sweep())
+
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"engine": None, "analysis": AnalysisSpec().model_dump()}  # Section
 
     def __init__(self, **data: Any) -> None:
         try:
             BaseModel.__init__(self, **data)
         except ValidationError as exc:
             raise ConfigError(validation_message(exc)) from None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
+        return _later_left_out(self, handler(self))
 
     @field_validator("model")
     @classmethod
@@ -149,6 +248,8 @@ class Experiment(Schema):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
+        if self.driver == "engine":
+            self._engine_checks()
         if self.cache.capacity_gib is not None and self.model is None:
             raise ValueError("cache.capacity_gib: GiB of KV need a model (model: llama-3-8b, or a config.json)")
         if any(t.capacity_gib is not None for t in self.cache.tiers) and self.model is None:
@@ -157,7 +258,27 @@ class Experiment(Schema):
             raise ValueError(f"simulate: simulator fields need driver: simulate (driver is {self.driver!r})")
         if self.hardware is not None and self.driver != "simulate":
             raise ValueError("hardware: only the simulator uses it (driver: simulate)")
+        if self.engine is not None and self.driver != "engine":
+            raise ValueError(f"engine: engine fields need driver: engine (driver is {self.driver!r})")
+        if self.driver == "engine" and self.engine is None:
+            self.engine = EngineSpec()
         return self
+
+    def _engine_checks(self) -> None:
+        """What the engine driver cannot take, each naming the field to use instead."""
+        if self.model is not None:
+            raise ValueError("model: the engine driver's model is engine.model (a shape such as tiny-llama, a "
+                             "config.json or a local checkpoint folder)")
+        if self.cache.capacity_gib is not None:
+            raise ValueError("cache.capacity_gib: the engine driver's pool is sized in blocks: give "
+                             "cache.capacity_blocks or cache.capacity_tokens")
+        if any(t.capacity_gib is not None for t in self.cache.tiers):
+            raise ValueError("cache.tiers: the engine driver sizes its tiers in blocks (capacity_blocks)")
+        if self.cache.mode != "vllm":
+            raise ValueError("cache.mode: the engine computes at least one token per request: only 'vllm', got "
+                             f"{self.cache.mode!r}")
+        if self.cache.verify:
+            raise ValueError("cache.verify: the replay's self-check; the engine's oracle is engine.verify")
 
 
 class Sweep(Section):
@@ -186,9 +307,10 @@ class Sweep(Section):
 
 Experiment.model_rebuild()
 
-#: sweepable top-level fields (``name``, ``description`` and ``sweep`` itself are not axes)
-AXIS_ROOTS = tuple(f for f in Experiment.model_fields if f not in ("name", "description", "sweep"))
-_SECTIONS = {"trace": TraceSpec, "hasher": HasherSpec, "cache": CacheSpec}
+#: sweepable top-level fields (``name``, ``description``, ``analysis`` and ``sweep`` itself are not axes)
+AXIS_ROOTS = tuple(f for f in Experiment.model_fields if f not in ("name", "description", "analysis", "sweep"))
+_SECTIONS = {"trace": TraceSpec, "hasher": HasherSpec, "cache": CacheSpec, "engine": EngineSpec,
+             "analysis": AnalysisSpec}
 
 
 def check_path(path: str, where: str) -> None:
@@ -247,11 +369,12 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: an experiment file is a mapping (name:, trace:, cache:, ...), got "
                           f"{type(data).__name__}")
-    trace = data.get("trace")
-    if isinstance(trace, dict) and isinstance(trace.get("path"), str):  # relative to the file's folder
-        candidate = path.parent / trace["path"]
-        if not Path(trace["path"]).is_absolute() and candidate.exists():
-            data = {**data, "trace": {**trace, "path": str(candidate)}}
+    for section, field in (("trace", "path"), ("engine", "model")):  # relative to the file's folder first
+        part = data.get(section)
+        if isinstance(part, dict) and isinstance(part.get(field), str):
+            candidate = path.parent / part[field]
+            if not Path(part[field]).is_absolute() and candidate.exists():
+                data = {**data, section: {**part, field: str(candidate)}}
     try:
         return Experiment(**data)
     except ConfigError as exc:
@@ -320,5 +443,5 @@ def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int
     return blocks
 
 
-__all__ = ["CAPACITY_FIELDS", "DRIVERS", "SIM_FIELDS", "CacheSpec", "Experiment", "HasherSpec", "Sweep",
-           "TraceSpec", "capacity_blocks", "expand", "load_experiment", "points"]
+__all__ = ["CAPACITY_FIELDS", "DRIVERS", "SIM_FIELDS", "AnalysisSpec", "CacheSpec", "EngineSpec", "Experiment",
+           "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "expand", "load_experiment", "points"]

@@ -17,7 +17,6 @@ processes of a pool; each run's numbers do not depend on which process computed 
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
 import socket
@@ -32,70 +31,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.errors import ConfigError, ResultsError
-from kvlab.experiment.config import Experiment, capacity_blocks, expand, load_experiment
-from kvlab.results import check_output_location, checkpoint, locked, run_id, run_identity, safe_name, write_results
+from kvlab.experiment.config import Experiment, expand, load_experiment
+from kvlab.experiment.drivers import compute, identity_of, workload_of
+from kvlab.results import check_output_location, checkpoint, locked, run_id, safe_name, write_results
 from kvlab.results.store import build_manifest
-from kvlab.workload.workload import Workload
 
 RUNS, LOCKS = "runs", ".locks"
-_ENCODINGS: dict[tuple, object] = {}  # the last hashed trace of this process
 
 
 # ----------------------------------------------------------------------------- one run
-@functools.cache
-def _workload(path: str, format: str | None, limit: int | None) -> Workload:
-    """The trace of a run, loaded once per process."""
-    from kvlab.workload import load_trace
-
-    workload = load_trace(path, format=format)
-    return workload.head(limit) if limit is not None else workload
-
-
-def workload_of(run: Experiment) -> Workload:
-    return _workload(run.trace.path, run.trace.format, run.trace.limit)
-
-
-def block_size_of(run: Experiment, workload: Workload) -> int:
-    """The run's block size (tokens); a hash trace's block size must divide it."""
-    bs = run.cache.block_size or workload.default_block_size
-    if workload.kind == "blocks" and bs % workload.block_size:
-        raise ConfigError(f"cache.block_size: {bs} is not a multiple of the block size of trace "
-                          f"{run.trace.path} ({workload.block_size} tokens per hash id); allowed: multiples of "
-                          f"{workload.block_size}")
-    return bs
-
-
-def driver_config(run: Experiment, workload: Workload):  # noqa: ANN201 - a ReplayConfig or a SimConfig
-    """The run's resolved driver config (every default that changes numbers filled in)."""
-    from kvlab.policies.base import resolved_policy_params
-
-    bs = block_size_of(run, workload)
-    cap = capacity_blocks(run.cache, bs, run.model)
-    c = run.cache
-    params = resolved_policy_params(c.policy, c.policy_params)
-    if run.driver == "replay":
-        from kvlab.replay import ReplayConfig, resolve_config
-
-        extra = {"model": run.model, "max_load_tokens": c.max_load_tokens} if c.tiers else {}
-        config = ReplayConfig(capacity_blocks=cap, block_size=bs, policy=c.policy, policy_params=params,
-                              hash=run.hasher.scheme, root_seed=run.hasher.root_seed, model_id=run.hasher.model_id,
-                              mode=c.mode, backend=c.backend, verify=c.verify, seed=run.seed, tiers=c.tiers, **extra)
-        return resolve_config(workload, config)
-    from kvlab.sim.simulator import SimConfig
-
-    return SimConfig(model=run.model or "llama-3-8b", hardware=run.hardware or "h100", policy=c.policy,
-                     policy_params=params, capacity_blocks=cap, block_size=bs, hash=run.hasher.scheme,
-                     root_seed=run.hasher.root_seed, seed=run.seed, tiers=c.tiers, max_load_tokens=c.max_load_tokens,
-                     **run.simulate)
-
-
-def identity_of(run: Experiment, workload: Workload) -> dict:
-    config = driver_config(run, workload).to_dict()
-    if run.driver != "replay":  # replay runs keep the ids ``kvlab sweep`` gives them
-        config = {"driver": run.driver, **config}
-    return run_identity(config, workload.identity())
-
-
 def flat_columns(point: dict, run: Experiment) -> dict:
     """The run's config as table columns: every field by its dotted path (lists and empty maps as text)."""
     import json
@@ -115,27 +59,6 @@ def flat_columns(point: dict, run: Experiment) -> dict:
     out["experiment"] = out.pop("name")
     out["sweep_point"] = json.dumps(point, sort_keys=True, default=str)
     return out
-
-
-def compute(run: Experiment, workload: Workload) -> tuple[dict[str, pd.DataFrame], dict, dict, str]:
-    """Run one experiment point: its tables, summary, config (as recorded) and driver name."""
-    config = driver_config(run, workload)
-    if run.driver == "replay":
-        from kvlab.replay import encode, replay
-        from kvlab.sweep import HASH_FIELDS
-
-        key = (run.trace.model_dump_json(), *(getattr(config, f) for f in HASH_FIELDS))
-        if key not in _ENCODINGS:  # hashing once per trace and hash setting in this process
-            _ENCODINGS.clear()
-            _ENCODINGS[key] = encode(workload, config)
-        result = replay(workload, config, encoded=_ENCODINGS[key])
-        return {"requests": result.requests}, result.summary, config.to_dict(), "replay"
-    from kvlab.sim.simulator import simulate
-
-    result = simulate(workload, config)
-    return ({"requests": result.requests, "timeseries": result.timeseries}, result.summary,
-            {**result.config.to_dict(), "model_profile": result.model.to_dict(),
-             "hardware_profile": result.hardware.to_dict()}, "simulator")
 
 
 def execute(out: str, run_dict: dict, point: dict, rid: str, resume: bool) -> str:

@@ -1,0 +1,236 @@
+"""One experiment run on its driver: the workload (trace transforms), the resolved config, the identity, the run.
+
+The three drivers share the cache core: ``replay`` (kvlab.replay), ``simulate`` (kvlab.sim, simulated time) and
+``engine`` (kvlab.sim.run_engine_serving: the simulator's scheduler driving the real engine, measured time).
+A run's identity (kvlab.results.identity) is its resolved driver config and its workload's content, so a trace
+transform (``trace.limit``, ``trace.resample_seed``) changes the run id exactly when it changes the requests.
+An engine run's identity also holds the whole ``engine:`` section; its times are measurements (wall or thread
+seconds) and are not reproducible, which its manifest says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import ConfigError
+from kvlab.experiment.config import EngineSpec, Experiment, capacity_blocks
+from kvlab.results import run_identity
+from kvlab.tiers.spec import Tier
+from kvlab.workload.workload import Workload
+
+_ENCODINGS: dict[tuple, object] = {}  # the last hashed trace of this process
+#: the manifest's word on an engine run's numbers
+ENGINE_NOTE = ("engine times (ttft_s, tpot_s, wall_seconds, throughputs...) are measured seconds of this machine's "
+               "run: not reproducible; with timing-dependent scheduling (arrivals, batches) hits may vary too")
+
+
+# ----------------------------------------------------------------------------- the workload
+@functools.cache
+def _workload(path: str, format: str | None, limit: int | None) -> Workload:
+    """The trace of a run, loaded once per process."""
+    from kvlab.workload import load_trace
+
+    workload = load_trace(path, format=format)
+    return workload.head(limit) if limit is not None else workload
+
+
+@functools.lru_cache(maxsize=16)
+def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: str) -> Workload:
+    """One session resample of a trace (kvlab.analysis.resample_sessions), deterministic given ``seed``."""
+    from kvlab.analysis.resample import prefix_groups, resample_sessions
+
+    workload = _workload(path, format, limit)
+    if by == "session" and workload.session is None:
+        raise ConfigError(f"trace.resample_by: trace {path} has no session column; allowed here: 'prefix' or 'auto' "
+                          "(requests sharing their first two prompt values form a session)")
+    groups = prefix_groups(workload) if by == "prefix" or (by == "auto" and workload.session is None) else None
+    return resample_sessions(workload, np.random.default_rng(seed), groups)
+
+
+def workload_of(run: Experiment) -> Workload:
+    """The run's requests: the trace, its first ``limit``, then its session resample when ``resample_seed`` is set."""
+    t = run.trace
+    if t.resample_seed is None:
+        return _workload(t.path, t.format, t.limit)
+    return _resampled(t.path, t.format, t.limit, t.resample_seed, t.resample_by)
+
+
+def block_size_of(run: Experiment, workload: Workload) -> int:
+    """The run's block size (tokens); a hash trace's block size must divide it."""
+    bs = run.cache.block_size or workload.default_block_size
+    if workload.kind == "blocks" and bs % workload.block_size:
+        raise ConfigError(f"cache.block_size: {bs} is not a multiple of the block size of trace "
+                          f"{run.trace.path} ({workload.block_size} tokens per hash id); allowed: multiples of "
+                          f"{workload.block_size}")
+    return bs
+
+
+# ----------------------------------------------------------------------------- the engine's config
+def engine_model_config(model: str) -> dict:
+    """The transformers config (a dict with ``model_type``) of ``engine.model``: a named random-weight shape, a
+    ``config.json`` file, or a checkpoint folder holding one. ConfigError naming ``engine.model`` otherwise."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"engine.model: cannot read the model config {path} ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+            raise ConfigError(f"engine.model: {path} is not a transformers config (no 'model_type')")
+        return data
+    try:
+        from kvlab.engine.model import SHAPES
+    except ImportError:
+        raise ConfigError("engine.model: the engine driver needs torch and transformers "
+                          "(pip install 'kvlab[engine]')") from None
+    if model not in SHAPES:
+        raise ConfigError(f"engine.model: {model!r} is not a named shape ({', '.join(SHAPES)}), a config.json or a "
+                          "checkpoint folder holding one")
+    return dict(SHAPES[model])
+
+
+def _engine_vocab(config: dict) -> int | None:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab = text.get("vocab_size")
+    return int(vocab) if isinstance(vocab, int) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRunConfig:
+    """The resolved config of an engine run: the cache, the hasher, the seed and the whole ``engine`` section,
+    plus the model's transformers config (a checkpoint's weights are named by path, not hashed)."""
+
+    engine: EngineSpec
+    model_config: dict
+    policy: str
+    policy_params: dict
+    capacity_blocks: int
+    block_size: int
+    hash: str
+    root_seed: int
+    seed: int
+    tiers: tuple[Tier, ...] = ()
+    max_load_tokens: int | None = None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["engine"] = self.engine.model_dump(mode="json")
+        out["tiers"] = [t.model_dump(mode="json", exclude_none=True) for t in self.tiers]
+        return out
+
+
+def _engine_config(run: Experiment, workload: Workload, bs: int, cap: int, params: dict) -> EngineRunConfig:
+    if workload.kind != "tokens":
+        raise ConfigError(f"trace: the engine driver serves token traces; {run.trace.path} holds block hash ids "
+                          "(use a token or request-log trace, or driver: replay / simulate)")
+    spec = run.engine or EngineSpec()
+    model_config = engine_model_config(spec.model)
+    vocab = _engine_vocab(model_config)
+    top = int(workload.prompt_values.max(initial=-1))
+    if vocab is not None and top >= vocab:
+        raise ConfigError(f"trace: token id {top} of {run.trace.path} is not below engine.model {spec.model!r}'s "
+                          f"vocabulary ({vocab} ids)")
+    c = run.cache
+    return EngineRunConfig(spec, model_config, c.policy, params, cap, bs, run.hasher.scheme, run.hasher.root_seed,
+                           run.seed, tuple(c.tiers), c.max_load_tokens)
+
+
+# ----------------------------------------------------------------------------- config, identity, run
+def driver_config(run: Experiment, workload: Workload):  # noqa: ANN201 - a ReplayConfig, SimConfig or EngineRunConfig
+    """The run's resolved driver config (every default that changes numbers filled in)."""
+    from kvlab.policies.base import resolved_policy_params
+
+    bs = block_size_of(run, workload)
+    cap = capacity_blocks(run.cache, bs, run.model)
+    c = run.cache
+    params = resolved_policy_params(c.policy, c.policy_params)
+    if run.driver == "engine":
+        return _engine_config(run, workload, bs, cap, params)
+    if run.driver == "replay":
+        from kvlab.replay import ReplayConfig, resolve_config
+
+        extra = {"model": run.model, "max_load_tokens": c.max_load_tokens} if c.tiers else {}
+        config = ReplayConfig(capacity_blocks=cap, block_size=bs, policy=c.policy, policy_params=params,
+                              hash=run.hasher.scheme, root_seed=run.hasher.root_seed, model_id=run.hasher.model_id,
+                              mode=c.mode, backend=c.backend, verify=c.verify, seed=run.seed, tiers=c.tiers, **extra)
+        return resolve_config(workload, config)
+    from kvlab.sim.simulator import SimConfig
+
+    return SimConfig(model=run.model or "llama-3-8b", hardware=run.hardware or "h100", policy=c.policy,
+                     policy_params=params, capacity_blocks=cap, block_size=bs, hash=run.hasher.scheme,
+                     root_seed=run.hasher.root_seed, seed=run.seed, tiers=c.tiers, max_load_tokens=c.max_load_tokens,
+                     **run.simulate)
+
+
+def identity_of(run: Experiment, workload: Workload) -> dict:
+    config = driver_config(run, workload).to_dict()
+    if run.driver != "replay":  # replay runs keep the ids ``kvlab sweep`` gives them
+        config = {"driver": run.driver, **config}
+    return run_identity(config, workload.identity())
+
+
+def _run_engine(workload: Workload, config: EngineRunConfig):  # noqa: ANN202 - an EngineServingResult
+    """Serve ``workload`` on a fresh engine, as ``kvlab simulate --executor engine`` does."""
+    from kvlab.cache import pool_blocks
+    from kvlab.engine import Engine, build_random_model, load_model
+    from kvlab.sim.engine_executor import run_engine_serving
+    from kvlab.sim.simulator import serving_demand_blocks
+
+    e = config.engine
+    if Path(e.model).is_dir():
+        model = load_model(e.model, device=e.device, dtype=e.dtype, attn_implementation=e.attn_implementation,
+                           local_files_only=True)
+    else:
+        shape = e.model if not Path(e.model).is_file() else config.model_config
+        model = build_random_model(shape, seed=e.model_seed, dtype=e.dtype, device=e.device,
+                                   attn_implementation=e.attn_implementation)
+    # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
+    pool = pool_blocks(config.capacity_blocks, serving_demand_blocks(workload, config.block_size))
+    engine = Engine(model, capacity_blocks=pool, block_size=config.block_size, dtype=e.kv_dtype,
+                    num_threads=e.threads if model.device.type == "cpu" else None)
+    return run_engine_serving(
+        workload, engine, policy=config.policy, policy_params=config.policy_params,
+        capacity_blocks=config.capacity_blocks, max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens, rate=e.rate, time_scale=e.time_scale, cache_at=e.cache_at,
+        hash=config.hash, root_seed=config.root_seed, timer=e.timer, warmup=e.warmup, seed=config.seed,
+        batched=e.batched, verify=e.verify, verify_tokens=e.verify_tokens, tiers=list(config.tiers) or None,
+        max_load_tokens=config.max_load_tokens)
+
+
+def compute(run: Experiment, workload: Workload) -> tuple[dict[str, pd.DataFrame], dict, dict, str]:
+    """Run one experiment point: its tables, summary, config (as recorded) and driver name."""
+    config = driver_config(run, workload)
+    if run.driver == "replay":
+        from kvlab.replay import encode, replay
+        from kvlab.sweep import HASH_FIELDS
+
+        key = (run.trace.model_dump_json(), *(getattr(config, f) for f in HASH_FIELDS))
+        if key not in _ENCODINGS:  # hashing once per trace and hash setting in this process
+            _ENCODINGS.clear()
+            _ENCODINGS[key] = encode(workload, config)
+        result = replay(workload, config, encoded=_ENCODINGS[key])
+        return {"requests": result.requests}, result.summary, config.to_dict(), "replay"
+    if run.driver == "engine":
+        result = _run_engine(workload, config)
+        return ({"requests": result.requests, "timeseries": result.timeseries}, result.summary,
+                {**result.config.to_dict(), "model_profile": result.model.to_dict(),
+                 "hardware_profile": result.hardware.to_dict(), "engine": result.engine,
+                 "experiment_engine": config.to_dict(), "reproducible": ENGINE_NOTE}, "engine-serving")
+    from kvlab.sim.simulator import simulate
+
+    result = simulate(workload, config)
+    return ({"requests": result.requests, "timeseries": result.timeseries}, result.summary,
+            {**result.config.to_dict(), "model_profile": result.model.to_dict(),
+             "hardware_profile": result.hardware.to_dict()}, "simulator")
+
+
+__all__ = ["ENGINE_NOTE", "EngineRunConfig", "block_size_of", "compute", "driver_config", "engine_model_config",
+           "identity_of", "workload_of"]
