@@ -165,3 +165,12 @@ def test_user_errors_without_ray(trace: Path, tmp_path: Path, monkeypatch: pytes
     file = write_yaml(tmp_path / "e.yaml", experiment_dict(trace, name="noray"))
     assert main(["run", str(file), "--backend", "ray", "--results", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err == f"kvlab: error: {RAY_MISSING}\n"
+
+
+def test_ray_is_an_extra_of_its_own_and_a_test_dependency() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("ray") for d in project["dependencies"])  # a replay-only install needs no Ray
+    assert any(d.startswith("ray>=") for d in project["optional-dependencies"]["ray"])
+    assert "kvlab[ray]" in project["optional-dependencies"]["dev"]
