@@ -86,6 +86,9 @@ def test_ray_results_equal_local_file_for_file(ray_session: object, trace: Path,
     assert {"replay_seconds", "sim_seconds"} <= WALL_TIMES and len(local) == 8
     pd.testing.assert_frame_equal(local.drop(columns=list(WALL_TIMES & set(local))),
                                   on_ray.drop(columns=list(WALL_TIMES & set(on_ray))))
+    for where in ("local", "ray"):  # the table, rebuilt at most every few seconds, holds every run at the end
+        table = pd.read_parquet(tmp_path / where / "same/sweep.parquet")
+        assert sorted(table["run_id"]) == sorted(local["run_id"])
     a, b = tmp_path / "local/same/runs", tmp_path / "ray/same/runs"
     assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == sorted(local["run_id"])
     timeseries = 0

@@ -31,6 +31,9 @@ from kvlab.results.runs import RUNS
 
 # ----------------------------------------------------------------------------- the experiment
 BACKENDS = ("local", "ray")
+#: seconds between rebuilds of ``sweep.parquet`` while runs complete (each rebuild reads every run and rewrites
+#: the table: after every run that is quadratic in the runs); it is always rebuilt once the runs are done
+TABLE_INTERVAL_S = 2.0
 
 
 def run_experiment(
@@ -77,9 +80,14 @@ def run_experiment(
     unique = list({p.run_id: p for p in planned}.values())
     bar = tqdm(total=len(unique), disable=not progress, desc=f"run {experiment.name}", unit="run")
 
+    table = {"stale": False, "at": time.monotonic()}  # runs written since the table was rebuilt; when
+
     def finished(p: PlannedRun, status: str) -> None:
         if status == "done":
-            rebuild_table(folder)
+            table["stale"] = True
+            if time.monotonic() - table["at"] >= TABLE_INTERVAL_S:
+                rebuild_table(folder)
+                table.update(stale=False, at=time.monotonic())
         bar.set_postfix_str(f"{p.run.cache.policy} {status}", refresh=False)
         bar.update(1)
         if on_run is not None:
@@ -94,6 +102,8 @@ def run_experiment(
             run_locally(folder, unique, workers=workers or 1, resume=resume, finished=finished)
     finally:
         bar.close()
+        if table["stale"]:  # also after an error or Ctrl-C: the table holds every run written
+            rebuild_table(folder)
     return load(folder, planned)
 
 
