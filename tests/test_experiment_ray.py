@@ -44,7 +44,14 @@ def ray_session() -> Iterator[object]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("ray is not installed (CI=true: the Ray backend must be tested; pip install 'kvlab[ray]')")
         pytest.skip("needs ray (pip install 'kvlab[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024**2)
+    for attempt in (1, 2):  # Ray waits 30 s (fixed) for its raylet: on an overloaded machine, try once more
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024**2)
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield ray
     ray.shutdown()
 

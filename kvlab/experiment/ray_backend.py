@@ -68,10 +68,12 @@ def connected(address: str | None, workers: int | None) -> Iterator[ModuleType]:
             ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **common)
         else:
             ray.init(address=address, **common)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r}"
-        raise ConfigError(f"--address: cannot {where} ({str(exc).splitlines()[0] if str(exc) else exc!r})") \
-            from None
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exceptions (a raylet that did not start in time)
+        ray.shutdown()
+        why = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        where = "--backend ray: cannot start a local Ray instance" if address is None else \
+            f"--address {address}: cannot join the Ray cluster"
+        raise ConfigError(f"{where} ({why})") from None
     try:
         yield ray
     finally:
