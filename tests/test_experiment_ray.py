@@ -184,3 +184,16 @@ def test_ray_is_an_extra_of_its_own_and_a_test_dependency() -> None:
     assert not any(d.startswith("ray") for d in project["dependencies"])  # a replay-only install needs no Ray
     assert any(d.startswith("ray>=") for d in project["optional-dependencies"]["ray"])
     assert "kvlab[ray]" in project["optional-dependencies"]["dev"]
+
+
+def test_slow_tasks_are_dispatched_first(trace: Path) -> None:
+    from kvlab.experiment import expand
+    from kvlab.experiment.runner import PlannedRun, groups
+
+    data = experiment_dict(trace, backend="auto")  # lru: compiled kernel; mru: none, the Python core
+    data["sweep"] = {"grid": {"cache.policy": ["lru", "mru"], "cache.capacity_blocks": [4, 16, 64]}}
+    runs = [PlannedRun(pt, run, str(i)) for i, (pt, run) in enumerate(expand(Experiment(**data)))]
+    assert groups(runs, 1) == [[3, 4, 5], [0, 1, 2]]  # mru's task first, both in run order
+    data["sweep"] = {"grid": {"driver": ["replay", "simulate"]}}
+    runs = [PlannedRun(pt, run, str(i)) for i, (pt, run) in enumerate(expand(Experiment(**data)))]
+    assert groups(runs, 1) == [[1], [0]]  # the simulator's run first

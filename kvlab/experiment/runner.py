@@ -229,7 +229,8 @@ def experiment_folder(experiment: Experiment, results: str | os.PathLike = "resu
 def groups(runs: list[PlannedRun], workers: int) -> list[list[int]]:
     """Indices of ``runs`` in pool tasks: runs of one trace, driver and policy together (a worker compiles
     or loads a policy's kernels and hashes a trace once per task, not once per run), the largest groups
-    halved until there are at least two tasks per worker; in run order."""
+    halved until there are at least two tasks per worker; in run order, except that tasks of slow runs
+    (:func:`slow`) come first, so that they do not end last on one worker while the others wait."""
     keyed: dict[tuple, list[int]] = {}
     for i, p in enumerate(runs):
         keyed.setdefault((p.run.trace.model_dump_json(), p.run.driver, p.run.cache.policy), []).append(i)
@@ -238,7 +239,19 @@ def groups(runs: list[PlannedRun], workers: int) -> list[list[int]]:
         big = max(range(len(out)), key=lambda k: len(out[k]))
         g = out.pop(big)
         out[big:big] = [g[: len(g) // 2], g[len(g) // 2:]]
-    return out
+    return sorted(out, key=lambda g: not slow(runs[g[0]].run))
+
+
+def slow(run: Experiment) -> bool:
+    """Whether ``run`` is one of the slow kind, several times a compiled replay's time: a simulator run or a
+    replay on the Python core (a policy without compiled hooks, ``backend: python``). A scheduling hint only."""
+    from kvlab.policies import make_policy
+    from kvlab.replay.replay import uses_compiled
+
+    if run.driver != "replay":
+        return True
+    return not uses_compiled(make_policy(run.cache.policy, **run.cache.policy_params), run.cache.backend,
+                             run.cache.tiers)
 
 
 def execute_group(jobs: list[tuple]) -> list[str]:
