@@ -197,3 +197,23 @@ def test_slow_tasks_are_dispatched_first(trace: Path) -> None:
     data["sweep"] = {"grid": {"driver": ["replay", "simulate"]}}
     runs = [PlannedRun(pt, run, str(i)) for i, (pt, run) in enumerate(expand(Experiment(**data)))]
     assert groups(runs, 1) == [[1], [0]]  # the simulator's run first
+
+
+def test_an_address_where_nothing_answers_is_one_line(ray_session: object, trace: Path, tmp_path: Path) -> None:
+    import socket
+
+    from kvlab.experiment.ray_backend import check_address
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"--address 127.0.0.1:{port}: cannot join the Ray cluster \(nothing "
+                                          r"answers there: .*\); give 'auto' or the head node's HOST:PORT"):
+        run_experiment(Experiment(**experiment_dict(trace, name="far")), tmp_path / "r", backend="ray",
+                       address=f"127.0.0.1:{port}", progress=False)
+    assert not (tmp_path / "r").exists()  # refused before anything is written (Ray would retry for minutes)
+    with socket.socket() as s:  # something listening: left to Ray
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        check_address(f"127.0.0.1:{s.getsockname()[1]}")
+    check_address("auto")

@@ -65,9 +65,11 @@ def run_experiment(
     if workers is not None and workers < 1:
         raise ConfigError(f"workers (--workers): must be at least 1, got {workers}")
     if backend == "ray":
-        from kvlab.experiment.ray_backend import import_ray
+        from kvlab.experiment.ray_backend import check_address, import_ray
 
-        import_ray()  # ray missing: one line before any work
+        import_ray()  # ray missing, or nothing at --address: one line before any work
+        if address is not None:
+            check_address(address)
     source = None
     if not isinstance(experiment, Experiment):
         source = str(experiment)

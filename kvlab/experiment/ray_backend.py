@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -52,6 +53,19 @@ def import_ray() -> ModuleType:
     return ray
 
 
+def check_address(address: str) -> None:
+    """ConfigError (one line) when ``address`` is ``host:port`` and nothing accepts a connection there within
+    5 s (Ray itself would retry for minutes); other forms (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {address}: cannot join the Ray cluster (nothing answers there: "
+                          f"{exc.strerror or exc}); give 'auto' or the head node's HOST:PORT") from None
+
+
 @contextmanager
 def connected(address: str | None, workers: int | None) -> Iterator[ModuleType]:
     """Ray, initialised for the block: a session this process already has is used as is; else ``address``
@@ -63,6 +77,8 @@ def connected(address: str | None, workers: int | None) -> Iterator[ModuleType]:
         yield ray
         return
     common = {"include_dashboard": False, "logging_level": logging.WARNING, "configure_logging": True}
+    if address is not None:
+        check_address(address)
     try:
         if address is None:
             ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **common)
@@ -162,4 +178,4 @@ def _result(ray: ModuleType, ref: object) -> list[RunOutput]:
         raise
 
 
-__all__ = ["RAY_MISSING", "compute_group", "connected", "import_ray", "run_on_ray"]
+__all__ = ["RAY_MISSING", "check_address", "compute_group", "connected", "import_ray", "run_on_ray"]
