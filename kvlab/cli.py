@@ -73,8 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kvlab.experiment import experiment_folder, load_experiment, run_experiment
 
     experiment = load_experiment(args.experiment)
-    table = run_experiment(experiment, args.results, workers=args.workers, resume=not args.no_resume,
-                           progress=not args.quiet)
+    table = run_experiment(experiment, args.results, workers=args.workers, backend=args.backend, address=args.address,
+                           resume=not args.no_resume, progress=not args.quiet)
     rows = table.to_dict("records")
     axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
                                                                                     "cache.capacity_blocks")]
@@ -338,7 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", parents=[common], help="every run of an experiment file (docs/experiments.md)")
     run.add_argument("experiment", type=Path, help="experiment YAML file")
-    run.add_argument("--workers", type=int, default=1, help="processes running at once (default 1)")
+    run.add_argument("--workers", type=int, default=None,
+                     help="runs at once: local processes (default 1); ray: CPUs of the local instance (default all "
+                          "cores), on a cluster the parallelism runs are grouped for (default its CPUs)")
+    run.add_argument("--backend", choices=("local", "ray"), default="local",
+                     help="local: this process or a process pool; ray: Ray tasks, results written here "
+                          "(needs kvlab[ray]; docs/experiments.md)")
+    run.add_argument("--address", default=None,
+                     help="ray only: 'auto' or HOST:PORT joins a running Ray cluster (default: start a local one)")
     run.add_argument("--results", type=Path, default=Path("results"),
                      help="results root: runs go to RESULTS/<experiment name>/ (default results)")
     run.add_argument("--no-resume", action="store_true", help="recompute and replace runs already complete")

@@ -20,7 +20,6 @@ interrupted sweep leaves the last complete table in place. ``kvlab sweep`` over 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -30,7 +29,6 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.errors import ConfigError, ResultsError
-from kvlab.names import canonical_keys
 from kvlab.replay import ReplayConfig, ReplayResult, encode, replay, resolve_config
 from kvlab.results import (
     atomic_write_file,
@@ -43,31 +41,24 @@ from kvlab.results import (
     run_id,
     run_identity,
     safe_name,
-    verify_run,
     write_results,
 )
 from kvlab.results.identity import SEMANTICS_VERSION
 from kvlab.results.paths import clean_stale
+from kvlab.results.runs import LOCKS, RUNS, SCANNER, TABLE, order_key, table_row, tier_row
 from kvlab.results.store import (
     MANIFEST,
     MANIFEST_VERSION,
-    SUMMARY,
     _cached_git_revision,
     dumps,
     package_versions,
-    read_json,
 )
 from kvlab.workload.workload import Workload
 
 HASH_FIELDS = ("hash", "root_seed", "model_id", "block_size", "verify")
-RUNS = "runs"
-LOCKS = ".locks"
-TABLE = "sweep.parquet"
 CSV = "sweep.csv"
 RESERVED_NAMES = frozenset((RUNS, LOCKS, TABLE, CSV, MANIFEST))
 TIMING_COLUMNS = ("replay_seconds", "compile_seconds")
-ROW_ORDER = ("trace", "trace_sha256", "policy", "policy_params", "block_size", "hash", "mode", "capacity_blocks",
-             "run_id")
 
 
 def grid(
@@ -119,106 +110,6 @@ def run_manifest(workload: Workload, config: ReplayConfig, identity: dict, resul
     """The manifest of a sweep run: the resolved config, the trace's identity and the run identity."""
     trace = {**result.trace, **workload.identity()}
     return build_manifest(config.to_dict(), trace=trace, seed=config.seed, driver="replay", identity=identity)
-
-
-def table_row(manifest: dict, summary: dict) -> dict:
-    """A sweep table row: trace name and content checksum, run id, policy parameters (JSON), summary; with
-    tiers, the summary's ``tiers`` list as JSON and flat per-tier columns (:func:`tier_row`)."""
-    identity = manifest["identity"]
-    params = identity["config"].get("policy_params") or {}
-    summary = canonical_keys(summary)  # runs written before a rename read under today's names (kvlab.names)
-    tiers = summary.pop("tiers", None)
-    experiment = manifest.get("experiment")  # kvlab run: the run's config fields by dotted path, first
-    row = {
-        **(experiment.get("columns") or {} if isinstance(experiment, dict) else {}),
-        "trace": (manifest.get("trace") or {}).get("name"),
-        "trace_sha256": identity["trace"]["content_sha256"],
-        "run_id": manifest["run_id"],
-        "policy_params": json.dumps(params, sort_keys=True),
-        **summary,
-    }
-    if tiers:
-        row["tiers"] = json.dumps(tiers)
-        row.update(tier_row({"tiers": tiers}))
-    return row
-
-
-def tier_row(summary: dict) -> dict:
-    """Flat per-tier columns of a tiered run's summary, tier by tier: ``<tier>_capacity_blocks`` (blocks)
-    and ``<tier>_hit_share`` (fraction of all prompt tokens). ``{}`` without tiers."""
-    out: dict = {}
-    for t in summary.get("tiers") or []:
-        out[f"{t['name']}_capacity_blocks"] = t["capacity_blocks"]
-        out[f"{t['name']}_hit_share"] = t["hit_share"]
-    return out
-
-
-def _order_key(row: dict) -> tuple:
-    key = []
-    for col in ROW_ORDER:
-        if col == "run_id":  # runs that differ in their tiers: by tier sizes, then run id
-            key.append(tuple(sorted((k, v) for k, v in row.items() if k.endswith("_capacity_blocks")
-                                    and k != "capacity_blocks" and isinstance(v, int | float) and v == v)))
-        v = row.get(col)
-        if isinstance(v, bool) or v is None or (isinstance(v, float) and v != v):
-            key.append((2, str(v)))
-        elif isinstance(v, int | float):
-            key.append((0, v))
-        else:
-            key.append((1, str(v)))
-    return tuple(key)
-
-
-def _signature(run_dir: Path) -> tuple | None:
-    """What identifies a run folder's on-disk state: the folder's and every file's inode, size, mtime."""
-    try:
-        st = os.stat(run_dir)
-        files = tuple(sorted((e.name, s.st_ino, s.st_size, s.st_mtime_ns)
-                             for e in os.scandir(run_dir) for s in [e.stat(follow_symlinks=False)]))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, files)
-
-
-class RunScanner:
-    """Table rows of complete runs, each verified once per on-disk state (checksums are not re-read while
-    nothing in a run folder changed)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, tuple[tuple, dict | None]] = {}
-
-    def row(self, run_dir: Path) -> dict | None:
-        """The row of the complete run in ``run_dir`` (named by its run_id), None if it is not complete."""
-        for _ in range(3):  # a run being replaced concurrently may change under the reader: look again
-            sig = _signature(run_dir)
-            if sig is None:
-                return None
-            cached = self._seen.get(str(run_dir))
-            if cached is not None and cached[0] == sig:
-                return cached[1]
-            try:
-                manifest = verify_run(run_dir, run_dir.name)
-                summary = read_json(run_dir / SUMMARY)
-                row = table_row(manifest, summary) if isinstance(manifest.get("identity"), dict) else None
-            except (ResultsError, KeyError, TypeError):
-                row = None
-            if _signature(run_dir) == sig:
-                self._seen[str(run_dir)] = (sig, row)
-                return row
-        return None
-
-    def rows(self, runs_dir: Path) -> list[dict]:
-        """Rows of every complete run in ``runs_dir`` (hidden temporaries skipped), in table order."""
-        try:
-            names = sorted(e.name for e in os.scandir(runs_dir) if e.is_dir(follow_symlinks=False)
-                           and not e.name.startswith("."))
-        except FileNotFoundError:
-            return []
-        rows = [r for r in (self.row(runs_dir / n) for n in names) if r is not None]
-        return sorted(rows, key=_order_key)
-
-
-_SCANNER = RunScanner()
 
 
 # ----------------------------------------------------------------------------- folders and tables
@@ -280,7 +171,7 @@ def rebuild_table(out: str | os.PathLike) -> pd.DataFrame:
     with locked(out):
         clean_stale(out / RUNS)
         clean_stale(out)
-        return _write_table(out, _SCANNER.rows(out / RUNS), "sweep", csv=False)
+        return _write_table(out, SCANNER.rows(out / RUNS), "sweep", csv=False)
 
 
 def combine_tables(out: str | os.PathLike) -> pd.DataFrame:
@@ -293,9 +184,9 @@ def combine_tables(out: str | os.PathLike) -> pd.DataFrame:
                          and not e.name.startswith(".") and folder_kind(Path(e.path)) == "sweep")
         rows: dict[str, dict] = {}
         for name in folders:
-            for row in _SCANNER.rows(out / name / RUNS):
+            for row in SCANNER.rows(out / name / RUNS):
                 rows.setdefault(row["run_id"], row)
-        return _write_table(out, sorted(rows.values(), key=_order_key), "sweeps", csv=True, folders=folders)
+        return _write_table(out, sorted(rows.values(), key=order_key), "sweeps", csv=True, folders=folders)
 
 
 def trace_folder_name(workload: Workload, taken: dict[str, str] | None = None) -> str:
@@ -353,14 +244,14 @@ def run_sweep(
         deferred = []
         for rid in pending:
             config, identity = unique[rid]
-            if resume and _SCANNER.row(runs / rid) is not None:
+            if resume and SCANNER.row(runs / rid) is not None:
                 bar.update(1)
                 continue
             with locked(out / LOCKS / f"{rid}.lock", blocking=blocking) as held:
                 if not held:
                     deferred.append(rid)
                     continue
-                computed = not (resume and _SCANNER.row(runs / rid) is not None)
+                computed = not (resume and SCANNER.row(runs / rid) is not None)
                 if computed:
                     bar.set_postfix(policy=config.policy, capacity=config.capacity_blocks, mode=config.mode)
                     result = _compute(workload, config, encodings)

@@ -15,8 +15,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from kvlab.analysis.runs import AnalysisSpec  # noqa: E402
+from kvlab.experiment import run_experiment  # noqa: E402
 from kvlab.experiment.config import Experiment  # noqa: E402
-from kvlab.experiment.runner import run_experiment  # noqa: E402
 from kvlab.plots import (  # noqa: E402
     figure_from_experiment,
     plot_hit_rate_vs_capacity,

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from kvlab.analysis import batch_means, t_quantile
 from kvlab.analysis.runs import AnalysisSpec, paired, replicate_intervals, run_intervals
 from kvlab.errors import ConfigError
+from kvlab.experiment import run_experiment
 from kvlab.experiment.config import Experiment
-from kvlab.experiment.runner import run_experiment
 from kvlab.metrics import INTERVAL_COLUMNS, table_name
 from kvlab.results import build_manifest, write_results
 

@@ -107,6 +107,12 @@ class ReplayResult:
         return write_results(out, {"requests": self.requests}, self.summary, manifest)
 
 
+def uses_compiled(policy: EvictionPolicy, backend: str, tiers: list[Tier]) -> bool:
+    """Whether :func:`replay` runs ``policy`` on the compiled kernel (``backend`` auto or compiled, a policy with
+    compiled hooks, tiers the kernel supports), not on the Python core."""
+    return policy.compiled is not None and backend != "python" and compiled_tiers(tiers)
+
+
 def resolve_config(workload: Workload, config: ReplayConfig) -> ReplayConfig:
     """``config`` with every default that changes numbers filled in: the block size from the workload,
     the policy's parameters with its constructor defaults. Its ``to_dict()`` is the config part of the
@@ -151,7 +157,7 @@ def replay(
     if encoded is None:
         encoded = encode(workload, config, progress=progress)
     policy = make_policy(config.policy, **config.policy_params)
-    use_compiled = policy.compiled is not None and config.backend != "python" and compiled_tiers(config.tiers)
+    use_compiled = uses_compiled(policy, config.backend, config.tiers)
     # state for at most the blocks the trace ever allocates (numbers unchanged; the capacity is recorded)
     pool = pool_blocks(config.capacity_blocks, int(encoded.num_blocks.sum()) + 1)
     compile_s = 0.0

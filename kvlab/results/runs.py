@@ -1,0 +1,181 @@
+"""The runs folder of a sweep or an experiment, read: complete runs as table rows, and the tidy experiment
+table (``kvlab.results.load``).
+
+A folder ``OUT`` (docs/results.md) holds ``OUT/runs/<run_id>/`` (one complete run each, kvlab.results layout),
+``OUT/sweep.parquet`` (the table rebuilt from them) and ``OUT/.locks/``. A run is a row only when it is
+complete (every file matches its manifest's checksums) and its folder is named by its ``run_id``. Reading
+only: this module writes nothing and imports neither the drivers nor kvlab.experiment's runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from kvlab.errors import ResultsError
+from kvlab.names import canonical_keys
+from kvlab.results.paths import safe_name
+from kvlab.results.store import SUMMARY, read_json, verify_run
+
+RUNS = "runs"
+LOCKS = ".locks"
+TABLE = "sweep.parquet"
+ROW_ORDER = ("trace", "trace_sha256", "policy", "policy_params", "block_size", "hash", "mode", "capacity_blocks",
+             "run_id")
+
+
+# ----------------------------------------------------------------------------- rows
+def table_row(manifest: dict, summary: dict) -> dict:
+    """A sweep table row: trace name and content checksum, run id, policy parameters (JSON), summary; with
+    tiers, the summary's ``tiers`` list as JSON and flat per-tier columns (:func:`tier_row`)."""
+    identity = manifest["identity"]
+    params = identity["config"].get("policy_params") or {}
+    summary = canonical_keys(summary)  # runs written before a rename read under today's names (kvlab.names)
+    tiers = summary.pop("tiers", None)
+    experiment = manifest.get("experiment")  # kvlab run: the run's config fields by dotted path, first
+    row = {
+        **(experiment.get("columns") or {} if isinstance(experiment, dict) else {}),
+        "trace": (manifest.get("trace") or {}).get("name"),
+        "trace_sha256": identity["trace"]["content_sha256"],
+        "run_id": manifest["run_id"],
+        "policy_params": json.dumps(params, sort_keys=True),
+        **summary,
+    }
+    if tiers:
+        row["tiers"] = json.dumps(tiers)
+        row.update(tier_row({"tiers": tiers}))
+    return row
+
+
+def tier_row(summary: dict) -> dict:
+    """Flat per-tier columns of a tiered run's summary, tier by tier: ``<tier>_capacity_blocks`` (blocks)
+    and ``<tier>_hit_share`` (fraction of all prompt tokens). ``{}`` without tiers."""
+    out: dict = {}
+    for t in summary.get("tiers") or []:
+        out[f"{t['name']}_capacity_blocks"] = t["capacity_blocks"]
+        out[f"{t['name']}_hit_share"] = t["hit_share"]
+    return out
+
+
+def order_key(row: dict) -> tuple:
+    """A table row's place in ``sweep.parquet`` (:data:`ROW_ORDER`; numbers before text before missing values)."""
+    key = []
+    for col in ROW_ORDER:
+        if col == "run_id":  # runs that differ in their tiers: by tier sizes, then run id
+            key.append(tuple(sorted((k, v) for k, v in row.items() if k.endswith("_capacity_blocks")
+                                    and k != "capacity_blocks" and isinstance(v, int | float) and v == v)))
+        v = row.get(col)
+        if isinstance(v, bool) or v is None or (isinstance(v, float) and v != v):
+            key.append((2, str(v)))
+        elif isinstance(v, int | float):
+            key.append((0, v))
+        else:
+            key.append((1, str(v)))
+    return tuple(key)
+
+
+
+def _signature(run_dir: Path) -> tuple | None:
+    """What identifies a run folder's on-disk state: the folder's and every file's inode, size, mtime."""
+    try:
+        st = os.stat(run_dir)
+        files = tuple(sorted((e.name, s.st_ino, s.st_size, s.st_mtime_ns)
+                             for e in os.scandir(run_dir) for s in [e.stat(follow_symlinks=False)]))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, files)
+
+
+class RunScanner:
+    """Table rows of complete runs, each verified once per on-disk state (checksums are not re-read while
+    nothing in a run folder changed)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple, dict | None]] = {}
+
+    def row(self, run_dir: Path) -> dict | None:
+        """The row of the complete run in ``run_dir`` (named by its run_id), None if it is not complete."""
+        for _ in range(3):  # a run being replaced concurrently may change under the reader: look again
+            sig = _signature(run_dir)
+            if sig is None:
+                return None
+            cached = self._seen.get(str(run_dir))
+            if cached is not None and cached[0] == sig:
+                return cached[1]
+            try:
+                manifest = verify_run(run_dir, run_dir.name)
+                summary = read_json(run_dir / SUMMARY)
+                row = table_row(manifest, summary) if isinstance(manifest.get("identity"), dict) else None
+            except (ResultsError, KeyError, TypeError):
+                row = None
+            if _signature(run_dir) == sig:
+                self._seen[str(run_dir)] = (sig, row)
+                return row
+        return None
+
+    def rows(self, runs_dir: Path) -> list[dict]:
+        """Rows of every complete run in ``runs_dir`` (hidden temporaries skipped), in table order."""
+        try:
+            names = sorted(e.name for e in os.scandir(runs_dir) if e.is_dir(follow_symlinks=False)
+                           and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+        rows = [r for r in (self.row(runs_dir / n) for n in names) if r is not None]
+        return sorted(rows, key=order_key)
+
+
+SCANNER = RunScanner()  # one per process: the sweep, the experiment runner and the loader share its cache
+
+
+# ----------------------------------------------------------------------------- the experiment table
+def load_runs(folder: str | os.PathLike, run_ids: list[str] | None = None) -> pd.DataFrame:
+    """The experiment table of ``folder``: one row per complete run (``run_ids``: these runs, in this order;
+    ResultsError if one is not complete)."""
+    folder = Path(folder)
+    if not (folder / RUNS).is_dir():
+        raise ResultsError(f"{folder}: not an experiment results folder (no {RUNS}/); run kvlab run first")
+    rows = SCANNER.rows(folder / RUNS)
+    if run_ids is None:
+        if not rows and not (folder / TABLE).exists():
+            return pd.DataFrame()
+        return tidy(pd.DataFrame(rows))
+    where = {r["run_id"]: r for r in rows}
+    missing = [rid for rid in run_ids if rid not in where]
+    if missing:
+        raise ResultsError(f"{folder / RUNS / missing[0]}: run not complete after the experiment")
+    return tidy(pd.DataFrame([where[rid] for rid in run_ids]))
+
+
+def tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    """Config columns (dotted paths) first, then the rest, index reset."""
+    config = [c for c in frame.columns if "." in c or c in ("experiment", "driver", "seed", "model", "hardware")]
+    rest = [c for c in frame.columns if c not in config]
+    return frame[config + rest].reset_index(drop=True)
+
+
+def experiment_folder(name: str, results: str | os.PathLike = "results") -> Path:
+    """``results/<safe name>``: where the experiment called ``name`` writes its runs."""
+    return Path(results) / safe_name(name)
+
+
+def load(experiment: str, results: str = "results") -> pd.DataFrame:
+    """One tidy DataFrame of an experiment's complete runs: one row per run, its config fields as dotted
+    columns (``cache.policy``, ``cache.capacity_blocks``, ``seed``...), then the run's summary.
+
+    ``experiment``: an experiment name (read from ``results/<name>/``), a results folder, or the experiment's
+    YAML file. See docs/experiments.md."""
+    given = Path(experiment)
+    if given.suffix in (".yaml", ".yml") and given.is_file():
+        from kvlab.experiment.config import load_experiment  # the schema only (it reads no results)
+
+        return load_runs(experiment_folder(load_experiment(given).name, results))
+    if given.is_dir() and (given / RUNS).is_dir():
+        return load_runs(given)
+    return load_runs(experiment_folder(experiment, results))
+
+
+__all__ = ["LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "experiment_folder", "load", "load_runs", "order_key",
+           "table_row", "tidy", "tier_row"]
