@@ -23,20 +23,16 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field
 
 from kvlab.analysis.breakdowns import LATENCY_STATS
 from kvlab.analysis.intervals import batch_means, lag1_autocorrelation, metric_function, paired_batch_means, t_interval
+from kvlab.analysis.spec import AnalysisSpec
 from kvlab.analysis.warmup import after_warmup
 from kvlab.errors import ConfigError, ResultsError
-from kvlab.schema import Schema
 
-#: default batch-means windows (kvlab.analysis.intervals.batch_means's default)
-DEFAULT_WINDOWS: int = batch_means.__kwdefaults__["n_batches"]
 #: metrics run_intervals computes by default (those a run's requests can give)
 HEADLINE: tuple[str, ...] = ("token_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
 #: columns whose values mark replicates of one point (varied for the interval across runs)
@@ -45,41 +41,13 @@ REPLICATE: tuple[str, ...] = ("seed", "trace.resample_seed")
 TOP_LEVEL = ("experiment", "driver", "model", "hardware", "seed", "simulate")
 
 
-class AnalysisSpec(BaseModel):
-    """How an experiment's runs are analysed: warm-up, batch-means windows, confidence level.
-
-    ``warmup_requests``: the first N requests of each run are left out of every metric (they still ran and
-    filled the cache); ``warmup_seconds``: so are requests arriving less than this many seconds (arrival
-    time, the driver's clock) after the first; ``windows``: contiguous batch-means windows (>= 2);
-    ``confidence``: level of every interval, in (0, 1).
-    """
-
-    model_config = Schema.model_config
-
-    warmup_requests: Annotated[int, Field(ge=0)] = 0
-    warmup_seconds: Annotated[float, Field(ge=0)] = 0.0
-    windows: Annotated[int, Field(ge=2)] = DEFAULT_WINDOWS
-    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
-
-    def warmup(self) -> dict:
-        """The warm-up as keyword arguments of :mod:`kvlab.analysis` functions."""
-        return {"warmup_requests": self.warmup_requests, "warmup_seconds": self.warmup_seconds}
-
-
 # ----------------------------------------------------------------------------- reading runs
 def experiment_dir(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> Path:
     """The results folder of ``experiment``: a folder with ``runs/``, an experiment YAML file or a name under
-    ``results`` (as :func:`kvlab.results.load` resolves it)."""
-    from kvlab.results import safe_name
+    ``results`` (:func:`kvlab.results.runs.resolve_folder`, as :func:`kvlab.results.load` resolves it)."""
+    from kvlab.results.runs import resolve_folder
 
-    given = Path(experiment)
-    if given.suffix in (".yaml", ".yml") and given.is_file():
-        from kvlab.experiment import experiment_folder, load_experiment
-
-        return Path(experiment_folder(load_experiment(given), results))
-    if given.is_dir() and (given / "runs").is_dir():
-        return given
-    return Path(results) / safe_name(str(experiment))
+    return resolve_folder(experiment, results)
 
 
 def table_and_folder(source: pd.DataFrame | str | os.PathLike, results: str | os.PathLike = "results",

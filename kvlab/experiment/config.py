@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -33,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvlab.analysis.runs import AnalysisSpec
+from kvlab.analysis.spec import AnalysisSpec
 from kvlab.errors import ConfigError
 from kvlab.schema import (
     BlockSize,
@@ -178,8 +179,6 @@ class EngineSpec(Section):
     @field_validator("model")
     @classmethod
     def _model_known(cls, value: str) -> str:
-        from kvlab.experiment.drivers import engine_model_config
-
         engine_model_config(value)
         return value
 
@@ -346,6 +345,32 @@ def validation_message(exc: ValidationError) -> str:
     return f"{'.'.join(loc)}: {text}{more}"
 
 
+# ----------------------------------------------------------------------------- the engine's model
+def engine_model_config(model: str) -> dict:
+    """The transformers config (a dict with ``model_type``) of ``engine.model``: a named random-weight shape, a
+    ``config.json`` file, or a checkpoint folder holding one. ConfigError naming ``engine.model`` otherwise."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"engine.model: cannot read the model config {path} ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+            raise ConfigError(f"engine.model: {path} is not a transformers config (no 'model_type')")
+        return data
+    try:
+        from kvlab.engine.model import SHAPES
+    except ImportError:
+        raise ConfigError("engine.model: the engine driver needs torch and transformers "
+                          "(pip install 'kvlab[engine]')") from None
+    if model not in SHAPES:
+        raise ConfigError(f"engine.model: {model!r} is not a named shape ({', '.join(SHAPES)}), a config.json or a "
+                          "checkpoint folder holding one")
+    return dict(SHAPES[model])
+
+
 # ----------------------------------------------------------------------------- files
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment YAML file; ConfigError starting with the file's path."""
@@ -444,4 +469,5 @@ def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int
 
 
 __all__ = ["CAPACITY_FIELDS", "DRIVERS", "SIM_FIELDS", "AnalysisSpec", "CacheSpec", "EngineSpec", "Experiment",
-           "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "expand", "load_experiment", "points"]
+           "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "engine_model_config", "expand", "load_experiment",
+           "points"]

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
-from kvlab.experiment.config import EngineSpec, Experiment, capacity_blocks
+from kvlab.experiment.config import EngineSpec, Experiment, capacity_blocks, engine_model_config
 from kvlab.results import run_identity
 from kvlab.tiers.spec import Tier
 from kvlab.workload.workload import Workload
@@ -72,31 +71,6 @@ def block_size_of(run: Experiment, workload: Workload) -> int:
 
 
 # ----------------------------------------------------------------------------- the engine's config
-def engine_model_config(model: str) -> dict:
-    """The transformers config (a dict with ``model_type``) of ``engine.model``: a named random-weight shape, a
-    ``config.json`` file, or a checkpoint folder holding one. ConfigError naming ``engine.model`` otherwise."""
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"engine.model: cannot read the model config {path} ({exc})") from None
-        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-            raise ConfigError(f"engine.model: {path} is not a transformers config (no 'model_type')")
-        return data
-    try:
-        from kvlab.engine.model import SHAPES
-    except ImportError:
-        raise ConfigError("engine.model: the engine driver needs torch and transformers "
-                          "(pip install 'kvlab[engine]')") from None
-    if model not in SHAPES:
-        raise ConfigError(f"engine.model: {model!r} is not a named shape ({', '.join(SHAPES)}), a config.json or a "
-                          "checkpoint folder holding one")
-    return dict(SHAPES[model])
-
-
 def _engine_vocab(config: dict) -> int | None:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     vocab = text.get("vocab_size")
@@ -232,5 +206,5 @@ def compute(run: Experiment, workload: Workload) -> tuple[dict[str, pd.DataFrame
              "hardware_profile": result.hardware.to_dict()}, "simulator")
 
 
-__all__ = ["ENGINE_NOTE", "EngineRunConfig", "block_size_of", "compute", "driver_config", "engine_model_config",
+__all__ = ["ENGINE_NOTE", "EngineRunConfig", "block_size_of", "compute", "driver_config",
            "identity_of", "workload_of"]

@@ -161,21 +161,27 @@ def experiment_folder(name: str, results: str | os.PathLike = "results") -> Path
     return Path(results) / safe_name(name)
 
 
-def load(experiment: str, results: str = "results") -> pd.DataFrame:
-    """One tidy DataFrame of an experiment's complete runs: one row per run, its config fields as dotted
-    columns (``cache.policy``, ``cache.capacity_blocks``, ``seed``...), then the run's summary.
-
-    ``experiment``: an experiment name (read from ``results/<name>/``), a results folder, or the experiment's
-    YAML file. See docs/experiments.md."""
+def resolve_folder(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> Path:
+    """The results folder of ``experiment``: a folder with ``runs/`` as is, an experiment YAML file's
+    ``results/<its name>``, else ``results/<experiment>`` (a name)."""
     given = Path(experiment)
     if given.suffix in (".yaml", ".yml") and given.is_file():
         from kvlab.experiment.config import load_experiment  # the schema only (it reads no results)
 
-        return load_runs(experiment_folder(load_experiment(given).name, results))
+        return experiment_folder(load_experiment(given).name, results)
     if given.is_dir() and (given / RUNS).is_dir():
-        return load_runs(given)
-    return load_runs(experiment_folder(experiment, results))
+        return given
+    return experiment_folder(str(experiment), results)
+
+
+def load(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> pd.DataFrame:
+    """One tidy DataFrame of an experiment's complete runs: one row per run, its config fields as dotted
+    columns (``cache.policy``, ``cache.capacity_blocks``, ``seed``...), then the run's summary.
+
+    ``experiment``: an experiment name (read from ``results/<name>/``), a results folder, or the experiment's
+    YAML file (:func:`resolve_folder`). See docs/experiments.md."""
+    return load_runs(resolve_folder(experiment, results))
 
 
 __all__ = ["LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "experiment_folder", "load", "load_runs", "order_key",
-           "table_row", "tidy", "tier_row"]
+           "resolve_folder", "table_row", "tidy", "tier_row"]
