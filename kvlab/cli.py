@@ -18,6 +18,7 @@ from kvlab.cli_common import flagged as _flagged
 from kvlab.cli_common import load as _load
 from kvlab.cli_common import policy_params as _policy_params
 from kvlab.cli_common import selection as _selection
+from kvlab.cli_experiment import cmd_run
 from kvlab.cli_replay import add_run_args, cmd_replay, cmd_sweep
 from kvlab.errors import ConfigError, KvlabError
 
@@ -65,24 +66,6 @@ def _check_new_file(path: Path) -> None:
             pass
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write in {folder} ({exc.strerror or exc}); give another --out") from None
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """``kvlab run EXPERIMENT.yaml``: plan every run (all configs checked), run the missing ones, print the table."""
-    from kvlab.cli_replay import print_summary
-    from kvlab.experiment import experiment_folder, load_experiment, run_experiment
-
-    experiment = load_experiment(args.experiment)
-    table = run_experiment(experiment, args.results, workers=args.workers, backend=args.backend, address=args.address,
-                           resume=not args.no_resume, progress=not args.quiet)
-    rows = table.to_dict("records")
-    axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
-                                                                                    "cache.capacity_blocks")]
-    if experiment.driver == "simulate":  # latencies of the serving simulator
-        axes += ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
-    print_summary(rows, extra=axes)
-    print(f"results written to {experiment_folder(experiment, args.results)}")
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -349,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results", type=Path, default=Path("results"),
                      help="results root: runs go to RESULTS/<experiment name>/ (default results)")
     run.add_argument("--no-resume", action="store_true", help="recompute and replace runs already complete")
+    run.add_argument("--paired", metavar="A,B", default=None,
+                     help="print policy A - policy B per point with its interval (the same warmed windows)")
+    run.add_argument("--no-figure", action="store_true",
+                     help="do not write the experiment's figure (RESULTS/figures/<experiment>/)")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=cmd_run)
 

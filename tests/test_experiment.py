@@ -212,6 +212,37 @@ def test_cli_run_prints_a_table(tmp_path: Path, trace: Path, capsys: pytest.Capt
     assert err.startswith(f"kvlab: error: {bad}: cache.policy: unknown policy 'nope'; available:")
 
 
+def test_cli_run_intervals_paired_and_figure(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture) -> None:
+    """``kvlab run`` prints each run's batch-means interval and ``--paired A,B`` per point (the numbers of
+    kvlab.analysis.runs on the same windows), and writes the experiment's figure with its data and caption."""
+    from kvlab.analysis.runs import AnalysisSpec, paired, run_intervals
+
+    data = experiment_dict(trace, name="cli-ci")
+    data["analysis"] = {"warmup_requests": 20, "windows": 5}
+    file = write_yaml(tmp_path / "e.yaml", data)
+    results = tmp_path / "r"
+    assert main(["run", str(file), "--results", str(results), "--quiet", "--paired", "arc,lru"]) == 0
+    out = capsys.readouterr().out
+    table = kvlab.results.load(str(file), results=str(results))
+    spec = AnalysisSpec(warmup_requests=20, windows=5)
+    ci = run_intervals(table, spec, metrics=("token_hit_rate",), folder=results / "cli-ci")
+    for lo, hi in zip(ci["token_hit_rate_ci_low"], ci["token_hit_rate_ci_high"], strict=True):
+        assert f"[{lo:.4f}, {hi:.4f}]" in out
+    diff = paired(table, "arc", "lru", spec=spec, folder=results / "cli-ci")
+    assert len(diff) == len(CAPACITIES)
+    for _, row in diff.iterrows():
+        assert f"{row['estimate']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}]" in out
+    figure = results / "figures" / "cli-ci"
+    assert {p.name for p in figure.iterdir()} == {f"hit_rate_vs_capacity.{x}" for x in ("png", "pdf", "parquet",
+                                                                                        "json")}
+    drawn = pd.read_parquet(figure / "hit_rate_vs_capacity.parquet")
+    assert len(drawn) == len(POLICIES) * len(CAPACITIES) and drawn["low"].le(drawn["high"]).all()
+    # a --paired that names no policy of the experiment: one line, before any run is written
+    assert main(["run", str(file), "--results", str(tmp_path / "r2"), "--paired", "lru,fifo"]) == 2
+    assert capsys.readouterr().err.startswith("kvlab: error: --paired: give two different policies")
+    assert not (tmp_path / "r2").exists()
+
+
 # ----------------------------------------------------------------------------- kills and concurrency
 def _kvlab_run(file: Path, results: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvlab.cli", "run", str(file), "--results", str(results),
