@@ -76,20 +76,36 @@ def _print_paired(table, folder: Path, experiment, a: str, b: str) -> None:  # n
         print(f"  {where}: {row['estimate']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}]  (lag-1 {row['lag1']:+.2f})")
 
 
+LOAD_AXES = ("simulate.rate", "simulate.time_scale")
+REPLICATE_AXES = ("seed", "trace.resample_seed")
+
+
 def _experiment_figure(table, experiment, folder: Path, results: Path) -> None:  # noqa: ANN001
-    """The experiment's figure: hit rate vs capacity (a capacity axis), TTFT vs load (a rate axis), if any."""
+    """The experiment's figures: TTFT vs load (a simulator experiment with a load axis), else hit rate vs
+    capacity (a capacity axis); one figure per value of every other sweep axis (policies are the lines,
+    replicate axes the bands), named ``<kind>`` or ``<kind>--<axis>-<value>...``."""
+    import kvlab.results
     from kvlab.plots.figures import figure_from_experiment
+    from kvlab.results import safe_name
 
     axes = {**experiment.sweep.grid, **experiment.sweep.zip}
-    if experiment.driver == "simulate" and ("simulate.rate" in axes or "simulate.time_scale" in axes) and \
-            "simulate.rate" in table:
-        kind = "ttft_vs_load"
+    if experiment.driver == "simulate" and any(k in axes for k in LOAD_AXES) and "rate" in table:
+        kind, x = "ttft_vs_load", [k for k in LOAD_AXES if k in axes]
     elif any(k.startswith("cache.capacity_") for k in axes):
-        kind = "hit_rate_vs_capacity"
+        kind, x = "hit_rate_vs_capacity", [k for k in axes if k.startswith("cache.capacity_")]
     else:
         return
-    paths = figure_from_experiment(folder, kind, results=results, spec=experiment.analysis)
-    print(f"figure: {', '.join(str(p) for p in paths)}")
+    facets = [k for k in axes if k not in (*x, "cache.policy", *REPLICATE_AXES)]
+    plain = kvlab.results.load(str(folder))  # the runs' own columns (no intervals: the figure computes its own)
+    plain = plain[plain["run_id"].isin(table["run_id"])]
+    groups = plain.groupby([plain[k].astype(str) for k in facets], sort=False) if facets else [((), plain)]
+    for values, part in groups:
+        values = values if isinstance(values, tuple) else (values,)
+        shown = [(k, Path(v).stem if "/" in v else v) for k, v in zip(facets, values, strict=True)]
+        name = kind + "".join(f"--{k}-{v}" for k, v in shown)
+        paths = figure_from_experiment(part, kind, folder=folder, results=results, spec=experiment.analysis,
+                                       name=safe_name(name), subtitle=", ".join(f"{k} = {v}" for k, v in shown))
+        print(f"figure: {paths[0].with_suffix('.{png,pdf,parquet,json}')}")
 
 
 __all__ = ["cmd_run"]

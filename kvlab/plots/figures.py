@@ -77,13 +77,15 @@ def caption(table: pd.DataFrame, folder: Path, kind: str, spec: AnalysisSpec) ->
 def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: str = "hit_rate_vs_capacity", *,
                            results: str | os.PathLike = "results", folder: str | os.PathLike | None = None,
                            out: str | os.PathLike | None = None, spec: AnalysisSpec | None = None,
-                           hue: str = "cache.policy", run_id: str | None = None, name: str | None = None) -> list[Path]:
+                           hue: str = "cache.policy", run_id: str | None = None, name: str | None = None,
+                           subtitle: str | None = None) -> list[Path]:
     """Draw figure ``kind`` (:data:`KINDS`) of ``experiment`` (a name under ``results``, a results folder, the
     YAML file or ``kvlab.results.load``'s table with ``folder``) and save it as ``out/<name>`` (default
     ``<results>/figures/<experiment>/<kind>``) with :func:`style.save`; returns the paths written.
 
     ``spec``: warm-up, windows, level (default: the experiment's ``analysis:``); ``hue``: the column one line
-    per value; ``run_id``: the run of ``memory_timeline`` (default: the first).
+    per value; ``run_id``: the run of ``memory_timeline`` (default: the first); ``subtitle``: appended to the
+    title (e.g. the fixed value of another sweep axis).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -93,21 +95,22 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
     spec = spec_of(table, spec)
     table = table.sort_values(varying(table), kind="stable").reset_index(drop=True) if varying(table) else table
     exp_name = str(table["experiment"].iloc[0]) if "experiment" in table else path.name
+    title = f"{exp_name}, {subtitle}" if subtitle else exp_name
     fig, ax = plt.subplots(figsize=style.SINGLE)
     try:
         if kind == "hit_rate_vs_capacity":
-            data = _hit_rate(table, path, spec, hue, ax, exp_name)
+            data = _hit_rate(table, path, spec, hue, ax, title)
         elif kind == "ttft_vs_load":
             table = run_intervals(table, spec, metrics=("ttft_p50_s", "ttft_p90_s"), folder=path)
-            _, data = plot_ttft_vs_load(table, hue=hue, ax=ax, title=exp_name)
+            _, data = plot_ttft_vs_load(table, hue=hue, ax=ax, title=title)
         elif kind == "ttft_cdf":
             frames = {label: run_requests(path, rid) for rid, label in zip(table["run_id"], run_labels(table),
                                                                               strict=True)}
-            _, data = plot_ttft_cdf(frames, ax=ax, title=exp_name)
+            _, data = plot_ttft_cdf(frames, ax=ax, title=title)
         elif kind == "memory_timeline":
-            data = _memory(table, path, run_id, ax, exp_name)
+            data = _memory(table, path, run_id, ax, title)
         else:
-            _, data = plot_tier_breakdown(table, ax=ax, title=exp_name)
+            _, data = plot_tier_breakdown(table, ax=ax, title=title)
         where = Path(out) if out is not None else Path(results) / "figures" / exp_name
         return style.save(fig, where, name or kind, data=data, caption=caption(table, path, kind, spec))
     finally:
