@@ -13,7 +13,7 @@ What it does (``kvlab.engine.bench`` has the workload and the FLOP model):
 1. builds ``llama-3-8b`` (32 layers, hidden 4096, 32 / 8 heads, vocabulary 128,256; 8.0 B parameters)
    with seeded random weights **created directly on the GPU** in bf16 (``--tiny``: ``tiny-llama``);
 2. per prompt length (default 2,048 and 8,192 tokens; ``--tiny``: 256): an engine with block size 16 and
-   an LRU pool of ``(len(h) + 2) x P / 16`` blocks, a random document prefilled once, then ``--repeats``
+   an LRU pool of ``(2 len(h) + 2) x P / 16`` blocks, a random document prefilled once, then ``--repeats``
    rounds of requests hitting ``h`` in {0, .25, .5, .75, .9} of the prompt (whole blocks) after warm-up
    rounds; TTFT = the engine's ``prefill`` call, CUDA-synchronised before and after each timed phase.
    Printed per h: best-of-N TTFT and median, prefill tokens/s (computed tokens / TTFT), speedup over

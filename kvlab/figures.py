@@ -75,8 +75,10 @@ def select_notebooks(folder: Path, only: str | None = None) -> list[Path]:
 
 
 def default_out(quick: bool) -> Path:
-    """``results/figures``, or ``results/figures/quick`` for quick runs (as kvlab.plots.style.figure_folder)."""
-    return Path("results/figures/quick") if quick else Path("results/figures")
+    """``results/figures``, or ``results/figures/quick`` for quick runs (:func:`kvlab.plots.style.figures_root`)."""
+    from kvlab.plots.style import figures_root
+
+    return figures_root(quick)
 
 
 def executed_path(notebook: Path, out: Path, executed_dir: Path | None = None) -> Path:

@@ -127,15 +127,19 @@ def _value_label(v: float, _pos: object = None) -> str:
     return f"{v:,.0f}" if v == int(v) else f"{v:g}"
 
 
+def figures_root(quick: bool) -> Path:
+    """The default figures root: ``results/figures``, or ``results/figures/quick`` for quick runs (so a quick
+    run never replaces the full figures); ``kvlab figures`` and :func:`figure_folder` share it."""
+    return Path("results/figures/quick") if quick else Path("results/figures")
+
+
 def figure_folder(notebook: str) -> Path:
     """Where notebook ``notebook`` (its stem, e.g. ``01_lru_vs_frequency``) writes its figures:
     ``$KVLAB_FIGURES_DIR/<notebook>``; by default ``results/figures/<notebook>``, or
     ``results/figures/quick/<notebook>`` in quick mode (``KVLAB_QUICK=1``), so a quick run never replaces
     the full figures."""
     root = os.environ.get("KVLAB_FIGURES_DIR")
-    if root is None:
-        root = "results/figures/quick" if os.environ.get("KVLAB_QUICK") == "1" else "results/figures"
-    return Path(root) / notebook
+    return (Path(root) if root is not None else figures_root(os.environ.get("KVLAB_QUICK") == "1")) / notebook
 
 
 def caption(finding: str, *, config: Mapping[str, Any] | None = None, workload: Any = None,
@@ -206,4 +210,4 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
 
 
 __all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
-           "caption", "caption_markdown", "figure_folder", "save", "series_style"]
+           "caption", "caption_markdown", "figure_folder", "figures_root", "save", "series_style"]
