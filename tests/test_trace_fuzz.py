@@ -276,7 +276,7 @@ def mutate_record(draw: st.DrawFn, rec: dict) -> dict:
             rec[draw(st.sampled_from(keys))] = draw(st.sampled_from([-1, -(10**15), -0.5]))
         elif op == "ids":
             key = next((k for k in ("hash_ids", "tokens") if k in rec), "hash_ids")
-            ids = list(rec.get(key) or [])
+            ids = list(rec[key]) if isinstance(rec.get(key), list) else []  # an earlier mutation may have set it
             how = draw(st.sampled_from(["more", "fewer", "negative", "float", "huge", "nested"]))
             if how == "more":
                 ids.append(draw(st.integers(0, 9)))
