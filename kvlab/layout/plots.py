@@ -1,6 +1,6 @@
 """Figures of the layout study (kvlab.layout.study), drawn from its tidy tables on a given axes, units on every axis.
 
-:func:`kvlab.plots.tiers.save_figure` writes them as PNG and PDF.
+:func:`kvlab.plots.style.save` writes them as PNG and PDF with their data; colours from its palette.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
+from kvlab.plots import style
 from kvlab.workload.segments import SEGMENT_KINDS
 
-SERIES_STYLE = [("#4c72b0", "-", "o"), ("#dd8452", "--", "s"), ("#55a868", "-.", "^"), ("#c44e52", ":", "D"),
-                ("#8172b3", (0, (5, 1)), "v"), ("#937860", (0, (1, 1)), "P")]
-"""Colour, line style and marker of the n-th series: distinguishable in colour and in grey print."""
-KIND_COLORS = {"system": "#4c72b0", "tools": "#8172b3", "document": "#55a868", "history": "#dd8452",
-               "user": "#937860", "volatile": "#c44e52", "output": "#da8bc3"}
+_DASHES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (1, 1))]
+SERIES_STYLE = [(style.PALETTE[i], _DASHES[i], style.MARKERS[i]) for i in range(len(_DASHES))]
+"""Colour (kvlab.plots.style's palette), line style and marker of the n-th series: distinguishable in colour and
+in grey print."""
+KIND_COLORS = {kind: style.PALETTE[i] for kind, i in (("system", 0), ("tools", 4), ("document", 2), ("history", 1),
+                                                      ("user", 5), ("volatile", 3), ("output", 7))}
 CACHE_HATCH = ["", "//", "xx", ".."]
 
 
