@@ -77,14 +77,13 @@ def _print_paired(table, folder: Path, experiment, a: str, b: str) -> None:  # n
 
 
 LOAD_AXES = ("simulate.rate", "simulate.time_scale")
-REPLICATE_AXES = ("seed", "trace.resample_seed")
 
 
 def _experiment_figure(table, experiment, folder: Path, results: Path) -> None:  # noqa: ANN001
     """The experiment's figures: TTFT vs load (a simulator experiment with a load axis), else hit rate vs
     capacity (a capacity axis); one figure per value of every other sweep axis (policies are the lines,
     replicate axes the bands), named ``<kind>`` or ``<kind>--<axis>-<value>...``."""
-    import kvlab.results
+    from kvlab.analysis.runs import REPLICATE
     from kvlab.plots.figures import figure_from_experiment
     from kvlab.results import safe_name
 
@@ -95,10 +94,8 @@ def _experiment_figure(table, experiment, folder: Path, results: Path) -> None: 
         kind, x = "hit_rate_vs_capacity", [k for k in axes if k.startswith("cache.capacity_")]
     else:
         return
-    facets = [k for k in axes if k not in (*x, "cache.policy", *REPLICATE_AXES)]
-    plain = kvlab.results.load(str(folder))  # the runs' own columns (no intervals: the figure computes its own)
-    plain = plain[plain["run_id"].isin(table["run_id"])]
-    groups = plain.groupby([plain[k].astype(str) for k in facets], sort=False) if facets else [((), plain)]
+    facets = [k for k in axes if k not in (*x, "cache.policy", *REPLICATE)]
+    groups = table.groupby([table[k].astype(str) for k in facets], sort=False) if facets else [((), table)]
     for values, part in groups:
         values = values if isinstance(values, tuple) else (values,)
         shown = [(k, Path(v).stem if "/" in v else v) for k, v in zip(facets, values, strict=True)]

@@ -32,28 +32,20 @@ from kvlab.analysis.intervals import batch_means, lag1_autocorrelation, metric_f
 from kvlab.analysis.spec import AnalysisSpec
 from kvlab.analysis.warmup import after_warmup
 from kvlab.errors import ConfigError, ResultsError
+from kvlab.results.runs import config_columns, resolve_folder
 
 #: metrics run_intervals computes by default (those a run's requests can give)
 HEADLINE: tuple[str, ...] = ("token_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
 #: columns whose values mark replicates of one point (varied for the interval across runs)
 REPLICATE: tuple[str, ...] = ("seed", "trace.resample_seed")
-#: top-level config columns of an experiment table that are not dotted (kvlab.experiment.runner.flat_columns)
-TOP_LEVEL = ("experiment", "driver", "model", "hardware", "seed", "simulate")
 
 
 # ----------------------------------------------------------------------------- reading runs
-def experiment_dir(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> Path:
-    """The results folder of ``experiment``: a folder with ``runs/``, an experiment YAML file or a name under
-    ``results`` (:func:`kvlab.results.runs.resolve_folder`, as :func:`kvlab.results.load` resolves it)."""
-    from kvlab.results.runs import resolve_folder
-
-    return resolve_folder(experiment, results)
-
-
 def table_and_folder(source: pd.DataFrame | str | os.PathLike, results: str | os.PathLike = "results",
                      folder: str | os.PathLike | None = None) -> tuple[pd.DataFrame, Path]:
     """``(experiment table, its results folder)`` from a table (its ``experiment`` column names the folder
-    under ``results`` unless ``folder`` is given) or from what :func:`experiment_dir` takes."""
+    under ``results`` unless ``folder`` is given) or from what :func:`kvlab.results.runs.resolve_folder` takes (an
+    experiment name, a results folder or the experiment's YAML file)."""
     from kvlab.results import load
 
     if isinstance(source, pd.DataFrame):
@@ -63,9 +55,9 @@ def table_and_folder(source: pd.DataFrame | str | os.PathLike, results: str | os
             names = source["experiment"].unique() if "experiment" in source else []
             if len(names) != 1:
                 raise ConfigError("give folder=: the table is not one experiment's (no single experiment column)")
-            folder = experiment_dir(str(names[0]), results)
+            folder = resolve_folder(str(names[0]), results)
         return source.reset_index(drop=True), Path(folder)
-    path = Path(folder) if folder is not None else experiment_dir(source, results)
+    path = Path(folder) if folder is not None else resolve_folder(source, results)
     return load(str(path)), path
 
 
@@ -82,11 +74,6 @@ def run_requests(folder: Path, run_id: str, cache: dict | None = None) -> pd.Dat
     if cache is not None:
         cache[run_id] = frame
     return frame
-
-
-def config_columns(table: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
-    """The config columns of an experiment table (dotted paths and :data:`TOP_LEVEL`), minus ``exclude``."""
-    return [c for c in table.columns if ("." in c or c in TOP_LEVEL) and c not in exclude]
 
 
 def spec_of(table: pd.DataFrame, spec: AnalysisSpec | None) -> AnalysisSpec:
@@ -112,7 +99,8 @@ def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec |
                   folder: str | os.PathLike | None = None) -> pd.DataFrame:
     """The experiment table with, per metric, ``<metric>_warmed``, ``<metric>_ci_low``, ``<metric>_ci_high``
     and ``<metric>_lag1`` (NaN where a run's requests cannot give the metric, e.g. TTFT of a replay), and
-    ``warmed_requests``, ``warmup_requests``, ``warmup_seconds``, ``ci_windows``, ``ci_level``.
+    ``warmed_requests``, ``warmup_requests``, ``warmup_seconds``, ``ci_windows``, ``ci_level`` (a table that
+    already has some of these columns gets them recomputed with ``spec``).
 
     ``source``: ``kvlab.results.load``'s table (its results folder: ``folder``, else ``results/<experiment>``)
     or an experiment name, folder or YAML file. ``spec``: default the table's ``analysis.*`` columns.
@@ -135,7 +123,8 @@ def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec |
             row.update({f"{m}_warmed": metric_function(m)[1](warmed), f"{m}_ci_low": interval.low,
                         f"{m}_ci_high": interval.high, f"{m}_lag1": lag1_autocorrelation(interval.replicates)})
         rows.append(row)
-    out = pd.concat([table, pd.DataFrame(rows, index=table.index)], axis=1)
+    added = pd.DataFrame(rows, index=table.index)
+    out = pd.concat([table.drop(columns=[c for c in added if c in table]), added], axis=1)  # recomputed: replaced
     out["warmup_requests"] = spec.warmup_requests
     out["warmup_seconds"] = spec.warmup_seconds
     out["ci_windows"] = spec.windows
@@ -218,5 +207,5 @@ def paired(source: pd.DataFrame | str | os.PathLike, a: object, b: object, *, co
     return pd.DataFrame(rows)
 
 
-__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "experiment_dir", "paired",
+__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "paired",
            "replicate_intervals", "run_intervals", "run_requests", "table_and_folder"]

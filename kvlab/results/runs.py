@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -149,9 +150,19 @@ def load_runs(folder: str | os.PathLike, run_ids: list[str] | None = None) -> pd
     return tidy(pd.DataFrame([where[rid] for rid in run_ids]))
 
 
+#: the config columns of an experiment table that are not dotted paths (kvlab.experiment.runner.flat_columns;
+#: ``simulate`` is one when the section is empty, else its fields are ``simulate.<name>``)
+CONFIG_TOP_LEVEL = ("experiment", "driver", "model", "hardware", "seed", "simulate")
+
+
+def config_columns(frame: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
+    """The config columns of an experiment table (dotted paths and :data:`CONFIG_TOP_LEVEL`), minus ``exclude``."""
+    return [c for c in frame.columns if ("." in c or c in CONFIG_TOP_LEVEL) and c not in exclude]
+
+
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
-    """Config columns (dotted paths) first, then the rest, index reset."""
-    config = [c for c in frame.columns if "." in c or c in ("experiment", "driver", "seed", "model", "hardware")]
+    """Config columns (:func:`config_columns`) first, then the rest, index reset."""
+    config = config_columns(frame)
     rest = [c for c in frame.columns if c not in config]
     return frame[config + rest].reset_index(drop=True)
 
@@ -183,5 +194,5 @@ def load(experiment: str | os.PathLike, results: str | os.PathLike = "results") 
     return load_runs(resolve_folder(experiment, results))
 
 
-__all__ = ["LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "experiment_folder", "load", "load_runs", "order_key",
-           "resolve_folder", "table_row", "tidy", "tier_row"]
+__all__ = ["CONFIG_TOP_LEVEL", "LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "config_columns",
+           "experiment_folder", "load", "load_runs", "order_key", "resolve_folder", "table_row", "tidy", "tier_row"]
