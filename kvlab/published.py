@@ -17,7 +17,6 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -164,11 +163,6 @@ def download_command(name: str) -> str:
     return f"kvlab download {name}"
 
 
-def find_trace(name: str) -> Path | None:
-    """The verified local copy of registry trace ``name`` (KVLAB_TRACE_DIRS, ../shared/traces, the cache), or None."""
-    return find_local(name)
-
-
 def recompute_waste(prompt_tokens: int, steps: int) -> tuple[int, int]:
     """Seed 003's formula: K/V projections per layer for ``steps`` decode steps after a ``prompt_tokens`` prompt,
     ``(without cache, with cache)`` = ``(T·P + T(T−1)/2, P + T − 1)``."""
@@ -303,7 +297,7 @@ def comparison(paths: Mapping[str, str | os.PathLike] | None = None,
     for trace, cells in by_trace.items():
         w = workloads.get(trace)
         if w is None:
-            path = paths.get(trace) or find_trace(trace)
+            path = paths.get(trace) or find_local(trace)
             w = None if path is None else load_trace(path, format=TRACES[trace]["format"])
         for c in cells:
             command[c.key] = download_command(trace)
@@ -331,5 +325,5 @@ def capacity_tokens(low: float = 1e4, high: float = 1e9, points: int = 26, block
 
 __all__ = ["ARXIV", "ATC25", "DEFINITIONS", "FAST25", "PUBLISHED", "SEED002", "SEED003", "TABLE1_CAPACITIES",
            "TABLE1_MODE", "TABLE1_POLICIES", "Cell", "cache_ratio_definitions", "capacity_tokens", "comparison",
-           "decode_steps_workload", "download_command", "find_trace", "kv_bytes", "model_value", "policy_table",
+           "decode_steps_workload", "download_command", "kv_bytes", "model_value", "policy_table",
            "recompute_waste", "replay_recompute", "seed002_hit_blocks", "trace_values"]
