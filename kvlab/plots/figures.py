@@ -17,7 +17,6 @@ import pandas as pd
 
 from kvlab.analysis.runs import (
     AnalysisSpec,
-    config_columns,
     replicate_intervals,
     run_intervals,
     run_requests,
@@ -28,6 +27,7 @@ from kvlab.plots import style
 from kvlab.plots.capacity import plot_hit_rate_vs_capacity, series_data
 from kvlab.plots.serving import plot_memory_timeline, plot_ttft_cdf, plot_ttft_vs_load
 from kvlab.plots.tiers import plot_tier_breakdown
+from kvlab.results.runs import varying_columns
 
 #: kind -> what the figure shows (the caption's ``shows``)
 KINDS = {
@@ -44,14 +44,9 @@ KINDS = {
 }
 
 
-def varying(table: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[str]:
-    """The config columns whose values differ between the table's rows."""
-    return [c for c in config_columns(table, exclude=["sweep_point", *exclude]) if table[c].astype(str).nunique() > 1]
-
-
 def run_labels(table: pd.DataFrame) -> list[str]:
     """A short label per row: ``field=value`` of every varying config column (the run id when none varies)."""
-    cols = varying(table)
+    cols = varying_columns(table)
     if not cols:
         return table["run_id"].astype(str).tolist()
     return [", ".join(f"{c.rsplit('.', 1)[-1]}={row[c]}" for c in cols) for _, row in table.iterrows()]
@@ -93,7 +88,8 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
     if table.empty:
         raise ValueError(f"{path}: no complete runs to draw")
     spec = spec_of(table, spec)
-    table = table.sort_values(varying(table), kind="stable").reset_index(drop=True) if varying(table) else table
+    order = varying_columns(table)
+    table = table.sort_values(order, kind="stable").reset_index(drop=True) if order else table
     exp_name = str(table["experiment"].iloc[0]) if "experiment" in table else path.name
     title = f"{exp_name}, {subtitle}" if subtitle else exp_name
     fig, ax = plt.subplots(figsize=style.SINGLE)
@@ -153,4 +149,4 @@ def _memory(table: pd.DataFrame, path: Path, run_id: str | None, ax, title: str)
     return data
 
 
-__all__ = ["KINDS", "caption", "figure_from_experiment", "run_labels", "varying"]
+__all__ = ["KINDS", "caption", "figure_from_experiment", "run_labels"]

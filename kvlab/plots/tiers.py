@@ -172,7 +172,7 @@ def plot_tier_breakdown(table: pd.DataFrame, *, label: str | Sequence[str] | Non
     (``<tier>_hit_share``, in the table's tier order); a bar's height is the run's token hit rate (fraction).
     ``label``: the column(s) naming a bar (default: the config columns that differ between rows). Returns the
     axes and the data drawn (``run``, ``tier``, ``share``)."""
-    from kvlab.analysis.runs import config_columns
+    from kvlab.results.runs import varying_columns
 
     if ax is None:
         _, ax = plt.subplots(figsize=style.SINGLE)
@@ -180,7 +180,7 @@ def plot_tier_breakdown(table: pd.DataFrame, *, label: str | Sequence[str] | Non
     tiers = [c[: -len("_hit_share")] for c in rows.columns if c.endswith("_hit_share")]
     device = "device_token_hit_rate" if "device_token_hit_rate" in rows else "token_hit_rate"
     if label is None:
-        label = [c for c in config_columns(rows, exclude=["sweep_point"]) if rows[c].astype(str).nunique() > 1]
+        label = varying_columns(rows)
     cols = [label] if isinstance(label, str) else list(label)
     names = (rows[cols].astype(str).agg(", ".join, axis=1) if cols else rows.index.astype(str)).tolist()
     x = np.arange(len(rows))

@@ -160,6 +160,12 @@ def config_columns(frame: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str
     return [c for c in frame.columns if ("." in c or c in CONFIG_TOP_LEVEL) and c not in exclude]
 
 
+def varying_columns(frame: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
+    """The config columns (but ``sweep_point`` and ``exclude``) whose values differ between the rows (compared
+    as text, so None and NaN count as values)."""
+    return [c for c in config_columns(frame, exclude=["sweep_point", *exclude]) if frame[c].astype(str).nunique() > 1]
+
+
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     """Config columns (:func:`config_columns`) first, then the rest, index reset."""
     config = config_columns(frame)
@@ -195,4 +201,5 @@ def load(experiment: str | os.PathLike, results: str | os.PathLike = "results") 
 
 
 __all__ = ["CONFIG_TOP_LEVEL", "LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "config_columns",
-           "experiment_folder", "load", "load_runs", "order_key", "resolve_folder", "table_row", "tidy", "tier_row"]
+           "experiment_folder", "load", "load_runs", "order_key", "resolve_folder", "table_row", "tidy", "tier_row",
+           "varying_columns"]
