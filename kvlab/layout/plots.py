@@ -49,9 +49,10 @@ def _layout_order(runs: pd.DataFrame, family: str) -> list[str]:
     return list(dict.fromkeys(runs.loc[runs["family"] == family, "layout"]))
 
 
-def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
-    """Token hit rate per layout of ``family`` (horizontal bars, one per cache size), with the non-prefix reuse
-    bound drawn as an outlined extension: what position-independent reuse could at most add."""
+def _cache_bars(runs: pd.DataFrame, family: str, ax: Axes | None) -> tuple[Axes, list[str], list[tuple], float]:
+    """Horizontal grouped bars of ``family``: one group per layout (rows, in study order), one bar per cache size.
+    Returns the axes (new if ``ax`` is None, sized for the bars), the layouts, per cache ``(j, cache, that cache's
+    rows indexed by layout in layout order, the bars' y positions)`` and the bar height."""
     rows = runs[runs["family"] == family]
     layouts = _layout_order(runs, family)
     caches = list(dict.fromkeys(rows["cache"]))
@@ -59,15 +60,22 @@ def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> A
         _, ax = plt.subplots(figsize=(7, 0.45 * len(layouts) * len(caches) + 1.2))
     h = 0.8 / len(caches)
     y = np.arange(len(layouts))
-    for j, cache in enumerate(caches):
-        part = rows[rows["cache"] == cache].set_index("layout").reindex(layouts)
+    bars = [(j, cache, rows[rows["cache"] == cache].set_index("layout").reindex(layouts), y - 0.4 + h * (j + 0.5))
+            for j, cache in enumerate(caches)]
+    return ax, layouts, bars, h
+
+
+def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
+    """Token hit rate per layout of ``family`` (horizontal bars, one per cache size), with the non-prefix reuse
+    bound drawn as an outlined extension: what position-independent reuse could at most add."""
+    ax, layouts, bars, h = _cache_bars(runs, family, ax)
+    for j, cache, part, pos in bars:
         color = SERIES_STYLE[j % len(SERIES_STYLE)][0]
-        pos = y - 0.4 + h * (j + 0.5)
         ax.barh(pos, part["token_hit_rate"], h, color=color, hatch=CACHE_HATCH[j % len(CACHE_HATCH)],
                 edgecolor="white", label=f"hit rate, cache {cache}")
         ax.barh(pos, part["nonprefix_bound_rate"], h, left=part["token_hit_rate"], fill=False,
                 edgecolor=color, lw=0.8, label=f"+ non-prefix bound, cache {cache}")
-    ax.set_yticks(y, layouts, fontsize=8)
+    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("token hit rate (fraction of prompt tokens)")
     ax.set_ylabel("layout")
@@ -80,22 +88,14 @@ def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> A
 
 def plot_ttft(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
     """Mean TTFT (bars, ms of simulated time) and p90 (markers) per layout of ``family``, one series per cache."""
-    rows = runs[runs["family"] == family]
-    layouts = _layout_order(runs, family)
-    caches = list(dict.fromkeys(rows["cache"]))
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.45 * len(layouts) * len(caches) + 1.2))
-    h = 0.8 / len(caches)
-    y = np.arange(len(layouts))
-    for j, cache in enumerate(caches):
-        part = rows[rows["cache"] == cache].set_index("layout").reindex(layouts)
+    ax, layouts, bars, h = _cache_bars(runs, family, ax)
+    for j, cache, part, pos in bars:
         color, _, marker = SERIES_STYLE[j % len(SERIES_STYLE)]
-        pos = y - 0.4 + h * (j + 0.5)
         ax.barh(pos, part["ttft_mean_s"] * 1e3, h, color=color, hatch=CACHE_HATCH[j % len(CACHE_HATCH)],
                 edgecolor="white", label=f"mean, cache {cache}")
         ax.plot(part["ttft_p90_s"] * 1e3, pos, ls="none", marker=marker, color="k", ms=4,
                 mfc=color, label=f"p90, cache {cache}")
-    ax.set_yticks(y, layouts, fontsize=8)
+    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time to first token (ms, simulated)")
     ax.set_ylabel("layout")
