@@ -193,12 +193,17 @@ BAD_LINES = [
 
 @pytest.mark.parametrize(("line", "field", "message"), BAD_LINES)
 def test_request_log_bad_line(tmp_path: Path, line: str, field: str, message: str):
-    p = tmp_path / "bad.jsonl"
-    p.write_text('{"arrival_time": 0, "prompt_token_ids": [3], "output_length": 1, "request_id": 0}\n' + line + "\n")
-    with pytest.raises(TraceFormatError) as e:
-        load_request_log(p)
-    text = str(e.value)
+    text = second_line_error(tmp_path / "bad.jsonl", load_request_log,
+                             '{"arrival_time": 0, "prompt_token_ids": [3], "output_length": 1, "request_id": 0}', line)
     assert "\n" not in text and f"bad.jsonl:2: field '{field}'" in text and message in text, text
+
+
+def second_line_error(path: Path, read, first: str, line: str) -> str:  # noqa: ANN001 - a reader of path
+    """The TraceFormatError text of ``read(path)`` for a file of a good ``first`` line and ``line``."""
+    path.write_text(first + "\n" + line + "\n")
+    with pytest.raises(TraceFormatError) as e:
+        read(path)
+    return str(e.value)
 
 
 def test_request_log_bad_file(tmp_path: Path):
@@ -392,11 +397,8 @@ BAD_EVENTS = [
 
 @pytest.mark.parametrize(("line", "field", "message"), BAD_EVENTS)
 def test_read_kv_events_bad_line(tmp_path: Path, line: str, field: str, message: str):
-    p = tmp_path / "ev.jsonl"
-    p.write_text('{"ts": 0.5, "events": [{"type": "AllBlocksCleared"}]}\n' + line + "\n")
-    with pytest.raises(TraceFormatError) as e:
-        read_kv_events(p)
-    text = str(e.value)
+    text = second_line_error(tmp_path / "ev.jsonl", read_kv_events,
+                             '{"ts": 0.5, "events": [{"type": "AllBlocksCleared"}]}', line)
     assert "\n" not in text and f"ev.jsonl:2: field '{field}'" in text and message in text, text
 
 
