@@ -101,17 +101,13 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 def _serve_on_engine(args: argparse.Namespace, workload, config):
     """``simulate --executor engine``: the same scheduler driving the real engine (random-weight model)."""
-    from kvlab.cache import pool_blocks
-    from kvlab.engine import Engine, build_random_model
-    from kvlab.sim.engine_executor import run_engine_serving
-    from kvlab.sim.simulator import serving_demand_blocks
+    from kvlab.engine import build_random_model
+    from kvlab.sim.engine_executor import run_engine_serving, serving_engine
 
     model = build_random_model(args.engine_model, seed=args.seed, device=args.engine_device)
     block_size = args.block_size or workload.default_block_size
-    # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
-    pool = pool_blocks(args.capacity_blocks or 1024, serving_demand_blocks(workload, block_size))
-    engine = Engine(model, capacity_blocks=pool, block_size=block_size,
-                    num_threads=args.engine_threads if model.device.type == "cpu" else None)
+    engine = serving_engine(model, workload, args.capacity_blocks or 1024, block_size,
+                            num_threads=args.engine_threads)
     return run_engine_serving(
         workload, engine, capacity_blocks=args.capacity_blocks, policy=args.policy,
         policy_params=_policy_params(args.policy_param),

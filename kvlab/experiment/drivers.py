@@ -153,10 +153,8 @@ def identity_of(run: Experiment, workload: Workload) -> dict:
 
 def _run_engine(workload: Workload, config: EngineRunConfig):  # noqa: ANN202 - an EngineServingResult
     """Serve ``workload`` on a fresh engine, as ``kvlab simulate --executor engine`` does."""
-    from kvlab.cache import pool_blocks
-    from kvlab.engine import Engine, build_random_model, load_model
-    from kvlab.sim.engine_executor import run_engine_serving
-    from kvlab.sim.simulator import serving_demand_blocks
+    from kvlab.engine import build_random_model, load_model
+    from kvlab.sim.engine_executor import run_engine_serving, serving_engine
 
     e = config.engine
     if Path(e.model).is_dir():
@@ -166,10 +164,8 @@ def _run_engine(workload: Workload, config: EngineRunConfig):  # noqa: ANN202 - 
         shape = e.model if not Path(e.model).is_file() else config.model_config
         model = build_random_model(shape, seed=e.model_seed, dtype=e.dtype, device=e.device,
                                    attn_implementation=e.attn_implementation)
-    # real KV tensors: no more blocks than the workload can ever hold (the capacity is recorded as given)
-    pool = pool_blocks(config.capacity_blocks, serving_demand_blocks(workload, config.block_size))
-    engine = Engine(model, capacity_blocks=pool, block_size=config.block_size, dtype=e.kv_dtype,
-                    num_threads=e.threads if model.device.type == "cpu" else None)
+    engine = serving_engine(model, workload, config.capacity_blocks, config.block_size, dtype=e.kv_dtype,
+                            num_threads=e.threads)
     return run_engine_serving(
         workload, engine, policy=config.policy, policy_params=config.policy_params,
         capacity_blocks=config.capacity_blocks, max_num_seqs=e.max_num_seqs,

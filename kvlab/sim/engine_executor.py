@@ -319,6 +319,17 @@ def warm_up(engine: PagedModel, steps: int = 2, tokens: int = 32) -> None:
     sync_device(engine.device)
 
 
+def serving_engine(model: torch.nn.Module, workload: Workload, capacity_blocks: int, block_size: int, *,
+                   dtype: str | torch.dtype | None = None, num_threads: int | None = None) -> Engine:
+    """An :class:`Engine` to serve ``workload`` with :func:`run_engine_serving` at ``capacity_blocks``: its pool of
+    real KV tensors holds no more blocks than the workload can ever use (``pool_blocks``; the capacity is
+    recorded as given). ``dtype``: the KV pool's (default the model's); ``num_threads``: torch CPU threads (CPU
+    only)."""
+    pool = pool_blocks(capacity_blocks, serving_demand_blocks(workload, block_size))
+    return Engine(model, capacity_blocks=pool, block_size=block_size, dtype=dtype,
+                  num_threads=num_threads if model.device.type == "cpu" else None)
+
+
 def run_engine_serving(
     workload: Workload,
     engine: Engine,
