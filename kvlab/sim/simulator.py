@@ -25,6 +25,7 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
+from kvlab.analysis.breakdowns import latency_stats
 from kvlab.cache import pool_blocks
 from kvlab.metrics import summarize
 from kvlab.names import canonical_keys
@@ -349,12 +350,7 @@ def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler],
     makespan = float(end - frame["arrival"].min()) if len(frame) else 0.0
     summary = summarize(frame, duration_s=makespan, capacity_blocks=capacity_blocks)
     summary["rejected_requests"] = int(frame["rejected"].sum())
-    ttft, tpot = done["ttft_s"].to_numpy(), done["tpot_s"].to_numpy()
-    for q in (50, 90, 99):
-        summary[f"ttft_p{q}_s"] = _pct(ttft, q)
-    summary["ttft_mean_s"] = float(np.nanmean(ttft)) if len(ttft) else math.nan
-    for q in (50, 90, 99):
-        summary[f"tpot_p{q}_s"] = _pct(tpot, q)
+    summary.update(latency_stats(frame))  # TTFT / TPOT over the admitted requests (kvlab.analysis)
     summary["latency_p50_s"] = _pct(done["latency_s"].to_numpy(), 50)
     prefill_s = sum(s.prefill_busy_s for s in schedulers)
     busy_s = sum(s.busy_s for s in schedulers)
