@@ -30,17 +30,22 @@ SLO_COLUMNS = ("slo_requests", "slo_met", "slo_attainment", "ttft_target_s", "tp
 GROUPS = ("tenant", "category", "turn", "session")
 
 
+def admitted_values(requests: pd.DataFrame, column: str) -> np.ndarray:
+    """The finite values of ``column`` over the admitted requests (all rows without an ``admitted`` column)."""
+    admitted = requests["admitted"].to_numpy(dtype=bool) if "admitted" in requests else np.ones(len(requests), bool)
+    values = requests[column].to_numpy(dtype=np.float64)[admitted]
+    return values[np.isfinite(values)]
+
+
 def latency_stats(requests: pd.DataFrame) -> dict[str, float]:
     """:data:`LATENCY_STATS` over the admitted requests (finite values only; NaN when none, or when the
     frame has no ``ttft_s`` / ``tpot_s`` column), in seconds."""
-    admitted = requests["admitted"].to_numpy(dtype=bool) if "admitted" in requests else np.ones(len(requests), bool)
     out: dict[str, float] = {}
     for name, (col, stat) in LATENCY_STATS.items():
         if col not in requests:
             out[name] = math.nan
             continue
-        values = requests[col].to_numpy(dtype=np.float64)[admitted]
-        values = values[np.isfinite(values)]
+        values = admitted_values(requests, col)
         if not len(values):
             out[name] = math.nan
         elif stat == "mean":

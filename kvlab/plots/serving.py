@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
+from kvlab.analysis.breakdowns import admitted_values
 from kvlab.plots import style
 from kvlab.plots.capacity import draw_series
 
@@ -25,9 +26,7 @@ GIB = 2**30
 
 def ttft_values(requests: pd.DataFrame) -> np.ndarray:
     """Sorted finite ``ttft_s`` (s) of the admitted requests (as :func:`kvlab.analysis.latency_stats` counts)."""
-    admitted = requests["admitted"].to_numpy(dtype=bool) if "admitted" in requests else np.ones(len(requests), bool)
-    values = requests["ttft_s"].to_numpy(dtype=np.float64)[admitted]
-    return np.sort(values[np.isfinite(values)])
+    return np.sort(admitted_values(requests, "ttft_s"))
 
 
 def plot_ttft_cdf(requests_by_label: Mapping[str, pd.DataFrame], *, unit: str = "s", ax: Axes | None = None,
