@@ -145,15 +145,15 @@ def figure_folder(notebook: str) -> Path:
 def caption(finding: str, *, config: Mapping[str, Any] | None = None, workload: Any = None,
             run_ids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     """A figure's caption record: the one-line ``finding``, the hash of the ``config`` that produced it
-    (kvlab.results.run_id of the config as JSON), the trace it read (``workload``: a kvlab Workload; its
-    source, content sha256 and file sha256), the ``run_ids`` of experiment runs drawn, and any ``extra``
+    (:func:`kvlab.results.config_hash`, as run manifests record it), the trace it read (``workload``: a kvlab
+    Workload; its source, content sha256 and file sha256), the ``run_ids`` of experiment runs drawn, and any ``extra``
     fields (e.g. ``quick=True``). :func:`caption_markdown` renders it for the cell under the figure."""
-    from kvlab.results import run_id
+    from kvlab.results import config_hash
 
     out: dict[str, Any] = {"finding": finding}
     if config is not None:
         out["config"] = dict(config)
-        out["config_hash"] = run_id({"config": dict(config)})
+        out["config_hash"] = config_hash(dict(config))
     if workload is not None:
         ident = workload.identity()
         out["trace"] = {"source": str(workload.source), "content_sha256": ident.get("content_sha256"),
