@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from kvlab.arguments import kind_of, require_instance
 from kvlab.errors import ConfigError, ResultsError
 from kvlab.replay import ReplayConfig, ReplayResult, encode, replay, resolve_config
 from kvlab.results import (
@@ -53,7 +54,7 @@ from kvlab.results.store import (
     dumps,
     package_versions,
 )
-from kvlab.workload.workload import Workload
+from kvlab.workload.workload import Workload, require_workload
 
 HASH_FIELDS = ("hash", "root_seed", "model_id", "block_size", "verify")
 CSV = "sweep.csv"
@@ -223,7 +224,11 @@ def run_sweep(
     ``out/runs/<run_id>/`` and the folder's table rebuilt after it. With ``resume`` a complete run of the
     same run_id is read back instead of replayed; without, every run is replayed and replaced. Several
     processes may sweep one folder at once: each run is computed by one of them. Hashing is done once
-    per distinct hash setting."""
+    per distinct hash setting. A wrong argument type is one ConfigError naming the argument, before any work."""
+    workload = require_workload(workload)
+    if isinstance(configs, ReplayConfig) or not isinstance(configs, Iterable):
+        raise ConfigError(f"configs: expected a list of ReplayConfigs, got {kind_of(configs)}")
+    configs = [require_instance(c, ReplayConfig, f"configs[{k}]") for k, c in enumerate(configs)]
     planned = plan(workload, configs)
     encodings: dict[tuple, object] = {}
     desc = f"sweep {safe_name(workload.name)}"
@@ -282,11 +287,14 @@ def run_sweeps(
     """``kvlab sweep``: :func:`run_sweep` of each workload into ``out/<trace_folder_name>/``, the combined
     table (:func:`combine_tables`) rebuilt after each trace. ``out`` is checked before the first workload
     is taken from ``workloads`` (so they may be loaded lazily). Returns this call's rows, trace by trace."""
+    if isinstance(workloads, Workload | str | os.PathLike):
+        raise ConfigError(f"workloads: expected an iterable of Workloads, got {kind_of(workloads)}; "
+                          "pass [workload] (load paths first with kvlab.workload.load_trace(path))")
     out = prepare_folder(out, "sweeps")
     taken: dict[str, str] = {}
     frames = []
-    for workload in workloads:
-        sub = out / trace_folder_name(workload, taken)
+    for k, workload in enumerate(workloads):
+        sub = out / trace_folder_name(require_workload(workload, f"workloads[{k}]"), taken)
         frames.append(run_sweep(workload, configs, sub, resume=resume, progress=progress))
         combine_tables(out)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

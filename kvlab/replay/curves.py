@@ -35,11 +35,13 @@ import numba as nb
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import require_instance, require_int_list, require_ints, require_real
 from kvlab.cache.compiled import max_hit_blocks
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.replay.replay import ReplayConfig, encode
-from kvlab.workload.workload import Workload
+from kvlab.schema import BlockSize, Seed
+from kvlab.workload.workload import Workload, require_workload
 
 NEVER = np.iinfo(np.int64).max // 4  # depth of a key not in the stack; a threshold never reached
 _MASK64 = (1 << 64) - 1
@@ -252,10 +254,16 @@ def lru_curve(
     ``frame.attrs``: ``largest_request_blocks``, ``diverge_from_blocks`` (the smallest capacity from which
     a pass may differ, inf when none may; see the module docstring), ``block_size``, ``mode``.
     """
-    if not 0.0 < float(sample_rate) <= 1.0:
+    workload = require_workload(workload)
+    require_instance(config, ReplayConfig, "config", optional=True)
+    require_instance(encoded, EncodedWorkload, "encoded", optional=True)
+    require_ints("lru_curve", block_size=(BlockSize | None, block_size), seed=(Seed, seed))
+    if not 0.0 < require_real("lru_curve", "sample_rate", sample_rate) <= 1.0:
         raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     if mode not in ("vllm", "ideal"):
         raise ConfigError(f"mode must be 'vllm' or 'ideal', got {mode!r}")
+    if capacities is not None:
+        capacities = require_int_list("lru_curve", "capacities", capacities)
     if config is None:
         config = ReplayConfig(capacity_blocks=1, block_size=block_size, mode=mode)
     else:

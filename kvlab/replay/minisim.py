@@ -18,11 +18,13 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import require_instance, require_int_list, require_ints, require_real
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.replay.curves import key_sample
 from kvlab.replay.replay import ReplayConfig, encode, replay
-from kvlab.workload.workload import Workload
+from kvlab.schema import BlockSize, Seed
+from kvlab.workload.workload import Workload, require_workload
 
 MINI_COLUMNS = ("capacity_blocks", "mini_capacity_blocks", "hit_blocks", "reused_tokens", "token_hit_rate",
                 "block_hit_rate", "policy", "sample_rate")
@@ -61,9 +63,15 @@ def mini_curve(
     at ``sample_rate`` (``seed`` chooses them). ``mode``: the counting mode estimated (``vllm`` or ``ideal``).
     Columns: ``capacity_blocks``, ``mini_capacity_blocks`` (the replayed cache), ``hit_blocks`` (estimated,
     blocks), ``reused_tokens`` (tokens), ``token_hit_rate``, ``block_hit_rate``, ``policy``, ``sample_rate``."""
+    workload = require_workload(workload)
+    require_instance(encoded, EncodedWorkload, "encoded", optional=True)
+    require_ints("mini_curve", block_size=(BlockSize | None, block_size), seed=(Seed, seed))
+    capacities = require_int_list("mini_curve", "capacities", capacities)
+    rate = require_real("mini_curve", "sample_rate", sample_rate)
+    if not 0.0 < rate <= 1.0:
+        raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     if mode not in ("vllm", "ideal"):
         raise ConfigError(f"mode must be 'vllm' or 'ideal', got {mode!r}")
-    rate = float(sample_rate)
     config = ReplayConfig(capacity_blocks=1, block_size=block_size, policy=policy, policy_params=policy_params or {})
     enc = encoded if encoded is not None else encode(workload, config)
     mini, eligible = sampled_encoding(enc, key_sample(enc.num_keys, rate, seed))

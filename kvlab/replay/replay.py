@@ -22,6 +22,7 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
+from kvlab.arguments import require_instance
 from kvlab.cache import AccessContext, PrefixCache, pool_blocks
 from kvlab.cache.compiled import ideal_hits_kernel, run_compiled, warm_up
 from kvlab.errors import ConfigError
@@ -46,7 +47,7 @@ from kvlab.schema import (
 from kvlab.tiers import Tier, TierCounters, TierStack, check_tiers
 from kvlab.tiers.compiled import TieredReplay
 from kvlab.tiers.results import compiled_tiers, resolve_tiers, tier_columns, tier_summary
-from kvlab.workload.workload import Workload
+from kvlab.workload.workload import Workload, require_workload
 
 BACKENDS = ("auto", "compiled", "python")
 Backend = Literal["auto", "compiled", "python"]
@@ -145,8 +146,12 @@ def replay(
 ) -> ReplayResult:
     """Replay ``workload`` through one cache; ``overrides`` set ReplayConfig fields.
 
-    Pass ``encoded`` (from :func:`encode` with the same hash settings) to skip hashing in sweeps.
+    Pass ``encoded`` (from :func:`encode` with the same hash settings) to skip hashing in sweeps. A wrong
+    argument type (a path instead of a Workload, a dict as ``config``) is one ConfigError naming the argument.
     """
+    workload = require_workload(workload)
+    require_instance(config, ReplayConfig, "config", optional=True)
+    require_instance(encoded, EncodedWorkload, "encoded", optional=True)
     overrides = canonical_keys(overrides)  # old field names (kvlab.names) override under their new ones
     if config is None:
         config = ReplayConfig(**overrides)  # type: ignore[arg-type]

@@ -27,12 +27,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
 import torch
+from pydantic import Field
 from tqdm.auto import tqdm
 
+from kvlab.arguments import require_instance, require_ints
 from kvlab.cache import pool_blocks
 from kvlab.engine.batched import BatchEntry
 from kvlab.engine.compute import PagedModel, sync_device
@@ -40,6 +43,7 @@ from kvlab.engine.driver import Engine
 from kvlab.engine.tiers import TierIO, attach_tiers, tier_config, tier_results
 from kvlab.errors import ConfigError
 from kvlab.results import build_manifest, write_results
+from kvlab.schema import BlockSize, CapacityBlocks, PositiveInt, Seed
 from kvlab.sim.clocks import StoppedClock, gc_paused, make_clock, timer_function
 from kvlab.sim.cost import CostModel
 from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
@@ -55,7 +59,9 @@ from kvlab.sim.simulator import (
 )
 from kvlab.sim.steps import Step, step_frame
 from kvlab.tiers import Tier
-from kvlab.workload.workload import Workload
+from kvlab.workload.workload import Workload, require_workload
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 @dataclass(eq=False)
@@ -325,6 +331,9 @@ def serving_engine(model: torch.nn.Module, workload: Workload, capacity_blocks: 
     real KV tensors holds no more blocks than the workload can ever use (``pool_blocks``; the capacity is
     recorded as given). ``dtype``: the KV pool's (default the model's); ``num_threads``: torch CPU threads (CPU
     only)."""
+    workload = require_workload(workload)
+    require_ints("serving_engine", capacity_blocks=(CapacityBlocks, capacity_blocks),
+                 block_size=(BlockSize, block_size))
     pool = pool_blocks(capacity_blocks, serving_demand_blocks(workload, block_size))
     return Engine(model, capacity_blocks=pool, block_size=block_size, dtype=dtype,
                   num_threads=num_threads if model.device.type == "cpu" else None)
@@ -374,8 +383,15 @@ def run_engine_serving(
     gets the engine's verify totals. ``tiers``: lower tiers below the pool with real stores
     (:func:`kvlab.engine.tiers.attach.attach_tiers`: DRAM, with ``tier_dir`` the last one on disk), loaded
     synchronously at admission (``max_load_tokens`` per request); the result gets the replay's tier columns and
-    ``tiers`` list. Their files are deleted at the end of the run.
+    ``tiers`` list. Their files are deleted at the end of the run. A wrong argument type (a path as the
+    workload, a bool or str as a count) is one ConfigError naming the argument, before any work.
     """
+    workload = require_workload(workload)
+    require_instance(engine, Engine, "engine")
+    require_ints("run_engine_serving", capacity_blocks=(CapacityBlocks | None, capacity_blocks),
+                 max_num_seqs=(PositiveInt, max_num_seqs), max_num_batched_tokens=(PositiveInt, max_num_batched_tokens),
+                 root_seed=(Seed, root_seed), seed=(Seed, seed), warmup=(NonNegativeInt, warmup),
+                 verify_tokens=(PositiveInt, verify_tokens), max_load_tokens=(NonNegativeInt | None, max_load_tokens))
     if workload.kind != "tokens":
         raise ConfigError("the engine serves token workloads (expand a block-id trace first)")
     model_p = model if model is not None else engine_model_profile(engine)

@@ -26,6 +26,7 @@ from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
 from kvlab.analysis.breakdowns import latency_stats
+from kvlab.arguments import require_instance
 from kvlab.cache import pool_blocks
 from kvlab.metrics import summarize
 from kvlab.names import canonical_keys
@@ -57,7 +58,7 @@ from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's publ
     trace_requests,
 )
 from kvlab.tiers.spec import TIMING_FIELDS, Tier, check_tiers
-from kvlab.workload.workload import Workload
+from kvlab.workload.workload import Workload, require_workload
 
 
 class CostModelExecutor:
@@ -218,6 +219,8 @@ def simulate(
     serving instances (data parallel, one pool and scheduler each); ``router`` assigns requests to them
     (:func:`route_requests`). Output lengths of 0 are served as 1 token (a request samples at least one).
     """
+    workload = require_workload(workload)  # a path or None: one ConfigError naming the argument
+    require_instance(config, SimConfig, "config", optional=True)
     overrides = canonical_keys(overrides)  # old field names (kvlab.names) override under their new ones
     profiles = {}  # model / hardware as given: a profile object is loaded as is, the config holds its name
     for name, kind in (("model", ModelProfile), ("hardware", HardwareProfile)):

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import require_instance
 from kvlab.errors import ConfigError
 from kvlab.workload.segments import Segment, Segments
 
@@ -284,6 +286,18 @@ class Workload:
     def __repr__(self) -> str:
         bs = f", block_size={self.block_size}" if self.kind == "blocks" else ""
         return f"Workload({self.name!r}, {len(self)} requests, kind={self.kind!r}{bs})"
+
+
+def require_workload(value: object, argument: str = "workload") -> Workload:
+    """``value`` if it is a :class:`Workload`; one ConfigError naming ``argument`` otherwise (a path or trace name
+    is told to go through :func:`kvlab.workload.load_trace` first). Every public entry point that takes a
+    workload calls this before any work."""
+    hint = ""
+    if isinstance(value, str | os.PathLike):
+        hint = "load it first with kvlab.workload.load_trace(path)"
+    elif value is None:
+        hint = "pass a Workload (kvlab.workload.load_trace(path), synthetic_chat(...), from_lists(...))"
+    return require_instance(value, Workload, argument, hint=hint)
 
 
 def _gather_ranges(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
