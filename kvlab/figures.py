@@ -6,6 +6,11 @@ copy is never touched) and ``OUT/index.json`` + ``OUT/index.md``: every figure w
 config hash and trace checksum. A caption with ``"needs_download": "<command>"`` marks a figure whose data is
 absent; ``"timing": true`` marks data that holds measured wall times (not byte-stable between runs), ``"timing":
 ["col", ...]`` the columns that do (the rest must repeat byte for byte).
+
+Every file is an owned output (:mod:`kvlab.results.owned`, docs/figures.md "Owned outputs"): each folder holds
+a listing of what kvlab wrote there with its sha256, and the whole tree is checked before any notebook runs
+(:func:`check_targets`): a symbolic link, a file, a folder kvlab did not write, or a file in it that kvlab did not
+write (or wrote and somebody changed since) is refused with one line, nothing replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -24,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ConfigError, KvlabError, printable
+from kvlab.inputs import read_text
 from kvlab.results import atomic_write_file
 
 INDEX_KIND = "kvlab figures index"
 MD_MARK = "<!-- kvlab figures index: written by `kvlab figures`, replaced on every run -->"
 FIGURE_SUFFIXES = (".png", ".pdf", ".parquet", ".json")
+#: the files kvlab figures writes at the top of OUT
+INDEX_FILES = ("index.json", "index.md")
 #: metadata a stored notebook must not carry (widget state, execution timing, papermill's run record)
 VOLATILE_NOTEBOOK_METADATA = ("widgets", "papermill", "kvlab_figures")
 VOLATILE_CELL_METADATA = ("execution", "ExecuteTime", "papermill")
@@ -86,20 +96,70 @@ def executed_path(notebook: Path, out: Path, executed_dir: Path | None = None) -
     return (executed_dir / notebook.name) if executed_dir is not None else out / notebook.stem / notebook.name
 
 
+def read_notebook(path: Path) -> Any:
+    """The notebook ``path`` (nbformat 4) after checking it is a regular file of notebook JSON; one ConfigError line
+    naming the file otherwise (a truncated or hand-broken ``.ipynb`` is refused before anything runs)."""
+    import nbformat
+
+    text = read_text(path, "notebook")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not a notebook: invalid JSON at line {exc.lineno}, column {exc.colno} "
+                          f"({exc.msg}; a truncated file?)") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a notebook: nested too deeply") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells", []), list):
+        raise ConfigError(f"{path}: not a notebook: the JSON is not a notebook object with a list of cells")
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception as exc:  # nbformat's validation and conversion errors have no common base class
+        first = printable(str(exc).strip().split("\n")[0])[:200]
+        raise ConfigError(f"{path}: not a valid notebook ({type(exc).__name__}: {first})") from None
+
+
 def check_targets(notebooks: list[Path], out: Path, executed_dir: Path | None = None) -> None:
-    """Refuse, before anything runs, to overwrite a file kvlab figures did not write (the git notebook
-    included)."""
+    """Refuse, before anything runs, every target kvlab figures could not write without replacing a file it did
+    not write (docs/figures.md, "Owned outputs"); creates nothing.
+
+    ``out`` (``--out``) and its tree two levels deep (:func:`kvlab.results.owned.check_folder`): a symbolic link, a
+    file, a non-empty folder without kvlab's listing, or a listed file edited since are refused; so are an
+    ``index.json`` / ``index.md`` and, in each selected notebook's folder ``OUT/<notebook>/``, any file kvlab did
+    not write there (the notebook writes its figures and executed copy into it). ``executed_dir``
+    (``--executed``): the same rules, and never the notebooks folder itself."""
+    from kvlab.results.owned import check_folder
+
     for nb in notebooks:
         target = executed_path(nb, out, executed_dir)
         if target.resolve() == nb.resolve():
             raise ConfigError(f"{target}: is the notebook itself; give another --executed folder")
-        if target.exists() and not _ours_notebook(target):
-            raise ConfigError(f"{target}: exists and was not written by kvlab figures; give another --out or "
-                              "--executed (kvlab never overwrites files it did not write)")
-    for target, ours in ((out / "index.json", _ours_index_json), (out / "index.md", _ours_index_md)):
-        if target.exists() and not ours(target):
-            raise ConfigError(f"{target}: exists and was not written by kvlab figures; give another --out "
-                              "(kvlab never overwrites files it did not write)")
+    check_folder(out, flag="--out", depth=2, names=INDEX_FILES)
+    for nb in notebooks:
+        folder = out / nb.stem
+        check_folder(folder, flag="--out", depth=1, names=_visible_files(folder))
+    if executed_dir is not None:
+        check_folder(executed_dir, flag="--executed", names=[nb.name for nb in notebooks])
+
+
+def prepare_targets(notebooks: list[Path], out: Path, executed_dir: Path | None = None) -> None:
+    """:func:`check_targets`, then create ``out``, every ``OUT/<notebook>/`` and ``executed_dir`` as owned output
+    folders (each with its listing), so that the kernels' :func:`kvlab.plots.style.save` writes into them."""
+    from kvlab.plots.style import prepare_figure_folder
+
+    check_targets(notebooks, out, executed_dir)
+    prepare_figure_folder(out, flag="--out")
+    for nb in notebooks:
+        prepare_figure_folder(out / nb.stem, flag="--out")
+    if executed_dir is not None:
+        prepare_figure_folder(executed_dir, flag="--executed")
+
+
+def _visible_files(folder: Path) -> list[str]:
+    """The names of the files in ``folder`` not starting with a dot (kvlab's listing, locks and temporaries do)."""
+    try:
+        return sorted(e.name for e in os.scandir(folder) if not e.name.startswith(".") and not e.is_dir())
+    except OSError:
+        return []
 
 
 def _read_json(path: Path) -> Any:
@@ -107,24 +167,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-
-
-def _ours_notebook(path: Path) -> bool:
-    data = _read_json(path)
-    return isinstance(data, dict) and "kvlab_figures" in data.get("metadata", {})
-
-
-def _ours_index_json(path: Path) -> bool:
-    data = _read_json(path)
-    return isinstance(data, dict) and data.get("kind") == INDEX_KIND
-
-
-def _ours_index_md(path: Path) -> bool:
-    try:
-        with path.open() as f:
-            return f.readline().rstrip("\n") == MD_MARK
-    except (OSError, UnicodeDecodeError):
-        return False
 
 
 @contextlib.contextmanager
@@ -163,8 +205,10 @@ def kernel_environment(out: Path, quick: bool) -> dict[str, str]:
 def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path | None = None,
                  cwd: Path | None = None, timeout: float | None = None) -> NotebookRun:
     """Execute ``notebook`` top to bottom on a fresh kernel (cwd: ``cwd``, default the notebooks folder's
-    parent, i.e. the repository root) with :func:`kernel_environment`; the executed copy is written
-    atomically (also when a cell fails). Raises :class:`NotebookError` naming the failing cell."""
+    parent, i.e. the repository root) with :func:`kernel_environment`; the executed copy (papermill writes it
+    into a scratch folder) is then written as an owned output (:func:`kvlab.results.owned.write_owned`: atomic,
+    listed, also when a cell fails; a file kvlab did not write is refused, not replaced). The target folders are
+    prepared first (:func:`prepare_targets`). Raises :class:`NotebookError` naming the failing cell."""
     import nbformat
     try:
         import papermill
@@ -174,10 +218,12 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
     from jupyter_client.kernelspec import NoSuchKernel
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+    from kvlab.results.owned import write_owned
+
     target = executed_path(notebook, out, executed_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    prepare_targets([notebook], out, executed_dir)
     cwd = Path(cwd) if cwd is not None else notebook.resolve().parent.parent
-    source = nbformat.read(notebook, as_version=4)
+    source = read_notebook(notebook)
     tagged = any("parameters" in c.get("metadata", {}).get("tags", []) for c in source.cells)
     started = time.time()
     failure: str | None = None
@@ -213,8 +259,13 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
                                         "error": failure}
         nbformat.write(nb, tmp)
 
-    with _environment(kernel_environment(out, quick)):
-        atomic_write_file(target, execute)
+    # papermill writes into a scratch folder, not the notebook's folder: the kernel's style.save takes that
+    # folder's listing lock while it runs; the finished copy is then written like every owned output
+    with tempfile.TemporaryDirectory(prefix="kvlab-figures-") as scratch:
+        executed = Path(scratch) / notebook.name
+        with _environment(kernel_environment(out, quick)):
+            execute(executed)
+        write_owned(target, lambda p: shutil.copyfile(executed, p), flag="--executed" if executed_dir else "--out")
     seconds = time.time() - started
     if failure is not None:
         raise NotebookError(f"{notebook}: {failure} (after {seconds:.0f} s; the executed notebook with the "
@@ -350,21 +401,21 @@ def index_markdown(index: dict[str, Any]) -> str:
 
 
 def write_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dict[str, Any]:
-    """Write ``out/index.json`` and ``out/index.md`` atomically; returns the index."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``out/index.json`` and ``out/index.md`` as owned outputs (atomic, listed; a file kvlab did not write
+    is refused, not replaced); returns the index."""
+    from kvlab.plots.style import prepare_figure_folder
+    from kvlab.results.owned import write_owned_text
+
+    prepare_figure_folder(out, flag="--out", names=INDEX_FILES)
     index = build_index(out, quick, executed_dir)
-    text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-    atomic_write_file(out / "index.json", lambda p: Path(p).write_text(text))
-    md = index_markdown(index)
-    atomic_write_file(out / "index.md", lambda p: Path(p).write_text(md))
+    write_owned_text(out / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n", flag="--out")
+    write_owned_text(out / "index.md", index_markdown(index), flag="--out")
     return index
 
 
 def stripped_problems(path: Path) -> list[str]:
     """What keeps a stored notebook from being clean: outputs, execution counts, volatile metadata."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     problems = [f"notebook metadata '{k}'" for k in VOLATILE_NOTEBOOK_METADATA if k in nb.metadata]
     for i, cell in enumerate(nb.cells, 1):
         if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):
@@ -380,7 +431,7 @@ def strip_notebook(path: Path) -> bool:
 
     if not stripped_problems(path):
         return False
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     for k in VOLATILE_NOTEBOOK_METADATA:
         nb.metadata.pop(k, None)
     for cell in nb.cells:
@@ -414,6 +465,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 def cmd_figures(args: argparse.Namespace) -> int:
     """Run the selected notebooks in order, print each one's wall time and a summary, write the index."""
     notebooks = select_notebooks(args.notebooks, args.only)
+    for nb in notebooks:  # every selected notebook readable before any is run or stripped
+        read_notebook(nb)
     if args.strip:
         changed = [nb for nb in notebooks if strip_notebook(nb)]
         for nb in changed:
@@ -431,7 +484,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
         print(f"{len(notebooks)} notebooks stored without outputs")
         return 0
     out = args.out if args.out is not None else default_out(args.quick)
-    check_targets(notebooks, out, args.executed)
+    prepare_targets(notebooks, out, args.executed)
     runs: list[NotebookRun] = []
     try:
         for nb in notebooks:
@@ -459,6 +512,7 @@ def _print_summary(runs: list[NotebookRun], out: Path) -> None:
     print(f"index: {out / 'index.md'}")
 
 
-__all__ = ["INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index", "caption_problems",
-           "check_targets", "data_digests", "default_out", "executed_path", "figure_records", "kernel_environment",
-           "run_notebook", "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]
+__all__ = ["INDEX_FILES", "INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index",
+           "caption_problems", "check_targets", "data_digests", "default_out", "executed_path", "figure_records",
+           "kernel_environment", "prepare_targets", "read_notebook", "run_notebook", "select_notebooks",
+           "strip_notebook", "stripped_problems", "write_index"]

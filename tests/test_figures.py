@@ -139,13 +139,15 @@ def test_never_overwrites_what_kvlab_did_not_write(notebooks, tmp_path, capsys):
     out = tmp_path / "figs"
     (out / "01_tiny").mkdir(parents=True)
     (out / "01_tiny" / "01_tiny.ipynb").write_text("{}")
-    assert "was not written by kvlab figures" in cli_error(capsys, ["figures", "--notebooks", str(notebooks),
-                                                                    "--out", str(out)])
+    assert "is not empty and was not written by kvlab" in cli_error(capsys, ["figures", "--notebooks",
+                                                                             str(notebooks), "--out", str(out)])
     assert (out / "01_tiny" / "01_tiny.ipynb").read_text() == "{}"
     (out / "01_tiny" / "01_tiny.ipynb").unlink()
+    (out / "01_tiny").rmdir()
     (out / "index.md").write_text("my notes\n")
-    assert "index.md: exists and was not written" in cli_error(capsys, ["figures", "--notebooks", str(notebooks),
-                                                                        "--out", str(out)])
+    assert "is not empty and was not written by kvlab (holds index.md)" in cli_error(
+        capsys, ["figures", "--notebooks", str(notebooks), "--out", str(out)])
+    assert (out / "index.md").read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == ["index.md"]
     line = cli_error(capsys, ["figures", "--notebooks", str(notebooks), "--executed", str(notebooks)])
     assert "is the notebook itself" in line
     assert "no notebook '09'" in cli_error(capsys, ["figures", "--notebooks", str(notebooks), "--only", "09"])

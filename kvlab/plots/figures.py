@@ -27,6 +27,7 @@ from kvlab.plots import style
 from kvlab.plots.capacity import plot_hit_rate_vs_capacity, series_data
 from kvlab.plots.serving import plot_memory_timeline, plot_ttft_cdf, plot_ttft_vs_load
 from kvlab.plots.tiers import plot_tier_breakdown
+from kvlab.results.owned import check_folder
 from kvlab.results.runs import varying_columns
 
 #: kind -> what the figure shows (the caption's ``shows``)
@@ -42,6 +43,20 @@ KINDS = {
     "tier_breakdown": "token hit rate of each run split by the tier that served the hit (fraction of prompt "
                       "tokens), stacked bars",
 }
+
+
+def figure_files(name: str) -> list[str]:
+    """The file names :func:`figure_from_experiment` writes for a figure named ``name`` (``name`` argument, default
+    the kind): ``name.png``, ``.pdf``, ``.parquet`` (the data drawn) and ``.json`` (the caption). A command that
+    draws figures after its runs checks them before the runs: :func:`kvlab.results.owned.check_folder`
+    (``experiment_figure_folder(...)``, ``names=figure_files(name)``) refuses a file kvlab did not write."""
+    return style.save_names(name, data=True, caption=True)
+
+
+def experiment_figure_folder(results: str | os.PathLike, experiment: str) -> Path:
+    """Where :func:`figure_from_experiment` writes the figures of experiment ``experiment`` (its name) by default:
+    ``<results>/figures/<experiment>`` (an owned output folder, docs/plots.md)."""
+    return Path(results) / "figures" / experiment
 
 
 def run_labels(table: pd.DataFrame) -> list[str]:
@@ -76,7 +91,9 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
                            subtitle: str | None = None) -> list[Path]:
     """Draw figure ``kind`` (:data:`KINDS`) of ``experiment`` (a name under ``results``, a results folder, the
     YAML file or ``kvlab.results.load``'s table with ``folder``) and save it as ``out/<name>`` (default
-    ``<results>/figures/<experiment>/<kind>``) with :func:`style.save`; returns the paths written.
+    ``<results>/figures/<experiment>/<kind>``, :func:`experiment_figure_folder`) with :func:`style.save`; returns
+    the paths written (:func:`figure_files`). The files are owned outputs: one kvlab did not write there (or
+    wrote and somebody changed since) is refused with ResultsLocationError, before the figure is drawn.
 
     ``spec``: warm-up, windows, level (default: the experiment's ``analysis:``); ``hue``: the column one line
     per value; ``run_id``: the run of ``memory_timeline`` (default: the first); ``subtitle``: appended to the
@@ -92,6 +109,8 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
     table = table.sort_values(order, kind="stable").reset_index(drop=True) if order else table
     exp_name = str(table["experiment"].iloc[0]) if "experiment" in table else path.name
     title = f"{exp_name}, {subtitle}" if subtitle else exp_name
+    where = Path(out) if out is not None else experiment_figure_folder(results, exp_name)
+    check_folder(where, names=figure_files(name or kind))  # a file kvlab did not write: refused before drawing
     fig, ax = plt.subplots(figsize=style.SINGLE)
     try:
         if kind == "hit_rate_vs_capacity":
@@ -107,7 +126,6 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
             data = _memory(table, path, run_id, ax, title)
         else:
             _, data = plot_tier_breakdown(table, ax=ax, title=title)
-        where = Path(out) if out is not None else Path(results) / "figures" / exp_name
         return style.save(fig, where, name or kind, data=data, caption=caption(table, path, kind, spec))
     finally:
         plt.close(fig)
@@ -149,4 +167,4 @@ def _memory(table: pd.DataFrame, path: Path, run_id: str | None, ax, title: str)
     return data
 
 
-__all__ = ["KINDS", "caption", "figure_from_experiment", "run_labels"]
+__all__ = ["KINDS", "caption", "experiment_figure_folder", "figure_files", "figure_from_experiment", "run_labels"]

@@ -5,10 +5,12 @@
 * Sizes: :data:`SINGLE` (one panel), :data:`WIDE` (two or three panels side by side).
 * Confidence bands (:func:`band`): the series' colour, translucent. Legends (:func:`legend`): right of the axes
   when there are more than :data:`LEGEND_INSIDE_MAX` entries. Storage tiers: :data:`TIER_COLORS`.
-* :func:`save` writes ``<folder>/<name>.png`` and ``.pdf`` (atomically), the data drawn as
-  ``<name>.parquet`` (a tidy frame) and ``<name>.json`` (the caption: what the figure shows, and where its
-  numbers came from: experiment config hash, trace checksum). Parquet files are written without pandas'
-  index and with sorted metadata so the same data gives the same bytes.
+* :func:`save` writes ``<folder>/<name>.png`` and ``.pdf``, the data drawn as ``<name>.parquet`` (a tidy
+  frame) and ``<name>.json`` (the caption: what the figure shows, and where its numbers came from: experiment
+  config hash, trace checksum). Parquet files are written without pandas' index and with sorted metadata so the
+  same data gives the same bytes. Every file is an owned output (:mod:`kvlab.results.owned`): atomic, listed in
+  the folder's ``.kvlab-outputs.json`` with its sha256, and never replaced unless kvlab wrote it and nobody
+  changed it since.
 
 Figure folders: :func:`figure_folder` is ``$KVLAB_FIGURES_DIR/<notebook>`` (default ``results/figures``), the
 layout ``make figures`` fills (docs/figures.md).
@@ -26,8 +28,6 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-
-from kvlab.results import atomic_write_file
 
 #: Okabe & Ito (2008), "Color Universal Design": black omitted (kept for baselines)
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999")
@@ -182,32 +182,64 @@ def caption_markdown(record: Mapping[str, Any]) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def save_names(name: str, *, data: bool = True, caption: bool = True) -> list[str]:
+    """The file names :func:`save` writes for figure ``name``: ``name.png``, ``name.pdf``, and ``name.parquet`` /
+    ``name.json`` with ``data`` / ``caption``. A command checks them (:func:`kvlab.results.owned.check_folder`'s
+    ``names``) before its work starts."""
+    return [f"{name}.{s}" for s, on in (("png", True), ("pdf", True), ("parquet", data), ("json", caption)) if on]
+
+
+def prepare_figure_folder(folder: str | os.PathLike, *, flag: str | None = None,
+                          names: list[str] | tuple[str, ...] = ()) -> Path:
+    """Make ``folder`` an owned output folder (:mod:`kvlab.results.owned`) and return it absolute: each folder on
+    the way that does not exist yet is created with a listing, top down (so ``results/figures`` created by a
+    notebook's first figure is as much kvlab's as the notebook's folder). Refused (ResultsLocationError, one line,
+    nothing created): a symbolic link, a file, a non-empty folder kvlab did not write, an edited listed file, an
+    existing ``names`` file kvlab did not write."""
+    from kvlab.results.owned import check_folder, prepare_folder
+
+    folder = check_folder(folder, flag=flag, names=names)
+    missing = []
+    step = folder
+    while not step.exists() and step != step.parent:
+        missing.append(step)
+        step = step.parent
+    for path in reversed(missing):
+        prepare_folder(path, flag=flag)
+    return prepare_folder(folder, flag=flag, names=names)
+
+
 def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame | None = None,
          caption: Mapping[str, Any] | None = None, *, dpi: int = DPI) -> list[Path]:
     """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``.pdf``, ``data`` as ``name.parquet`` and ``caption``
-    as ``name.json``, each atomically; returns the paths written. Same data, same parquet bytes."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    as ``name.json``; returns the paths written. Same data, same parquet bytes.
+
+    Every file is an owned output (docs/plots.md, "Owned outputs"): written atomically and recorded in
+    ``folder``'s listing (:func:`kvlab.results.owned.write_owned`). Before anything is written, ``folder`` and
+    the four names are checked (:func:`prepare_figure_folder`): a file kvlab did not write, or one it wrote and
+    somebody changed since, is refused with one line (ResultsLocationError) and nothing is replaced."""
+    from kvlab.results.owned import write_owned
+
+    given = Path(folder)
+    folder = prepare_figure_folder(given, names=save_names(name, data=data is not None, caption=caption is not None))
     paths = []
     for fmt in ("png", "pdf"):
-        path = folder / f"{name}.{fmt}"
         metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Producer": None, "CreationDate": None}
-        atomic_write_file(path, lambda p, fmt=fmt, md=metadata: fig.savefig(p, dpi=dpi, format=fmt,
-                                                                             bbox_inches="tight", metadata=md))
-        paths.append(path)
+        write_owned(folder / f"{name}.{fmt}", lambda p, fmt=fmt, md=metadata: fig.savefig(
+            p, dpi=dpi, format=fmt, bbox_inches="tight", metadata=md))
+        paths.append(given / f"{name}.{fmt}")
     if data is not None:
-        path = folder / f"{name}.parquet"
         frame = data.reset_index(drop=True)
         frame.attrs = {}
-        atomic_write_file(path, lambda p: frame.to_parquet(p, index=False))
-        paths.append(path)
+        write_owned(folder / f"{name}.parquet", lambda p: frame.to_parquet(p, index=False))
+        paths.append(given / f"{name}.parquet")
     if caption is not None:
-        path = folder / f"{name}.json"
         text = json.dumps(dict(caption), indent=2, sort_keys=True, default=str) + "\n"
-        atomic_write_file(path, lambda p: Path(p).write_text(text))
-        paths.append(path)
+        write_owned(folder / f"{name}.json", lambda p: Path(p).write_text(text))
+        paths.append(given / f"{name}.json")
     return paths
 
 
 __all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
-           "caption", "caption_markdown", "figure_folder", "figures_root", "save", "series_style"]
+           "caption", "caption_markdown", "figure_folder", "figures_root", "prepare_figure_folder", "save",
+           "save_names", "series_style"]
