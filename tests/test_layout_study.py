@@ -93,7 +93,8 @@ def test_layout_study_command_writes_tidy_results_and_resumes(tiny, tmp_path, ca
     ("common_layouts: [volatile_top, {name: volatile_top}]\n",
      r"study.yaml: common_layouts\[1\]: layout 'volatile_top' appears twice"),
     ("clock_start: yesterday\n", r"study.yaml: clock_start: 'yesterday' is not an ISO date"),
-    ("families: [1, 2\n", r"study.yaml: not valid YAML or JSON \(line 2\)"),
+    ("families: [1, 2\n", r"study.yaml: not valid YAML at line 2"),
+    ("seed: 1\nseed: 2\n", r"study.yaml: line 2: key 'seed' is given twice"),
     ("[1, 2]\n", r"study.yaml: the layout study config must be a mapping"),
 ])
 def test_bad_config_is_one_line_naming_file_and_field(tmp_path, text, message):

@@ -59,6 +59,17 @@ DEFAULT_FAMILIES: dict[str, dict] = {
 """The default study's families (kvlab.workload.families configs; the agents keep their reasoning so that the
 reasoning layouts have something to strip)."""
 
+MAX_FAMILY_REQUESTS = 100_000
+"""The most requests one family of the study may generate. Generated requests hold their text (about 5 to 70 KB
+each: a RAG request's documents, a chat's history), and every layout renders and tokenizes each of them, so
+100,000 requests is already hours and gigabytes; a family config whose size fields allow more (``n_requests``,
+``n_sessions`` times the turns or tasks and steps per session, a trace family's ``max_requests``) is refused when the
+config is read, naming the field, and a family that still generates more is refused before it is laid out."""
+
+RESERVED_NAMES = ("boundary",)
+"""Folder names of the study's own results under OUT (the boundary sweep): no family may be named (or be made safe
+as) one of them, and no two families may share a folder."""
+
 QUICK_SIZES = {"system_prompt": {"n_requests": 40}, "rag": {"n_requests": 30}, "chat": {"n_sessions": 8},
                "agent": {"n_sessions": 3}}
 
@@ -158,18 +169,12 @@ class LayoutStudyConfig(Schema):
 
     @classmethod
     def load(cls, path: str | Path) -> LayoutStudyConfig:
-        """Read a YAML or JSON file; one ConfigError line naming the file and the field for any problem."""
-        import yaml
+        """Read a YAML or JSON file (:func:`kvlab.inputs.load_yaml`: a regular file, so a FIFO is refused at once;
+        a key given twice or a NaN refused); one ConfigError line naming the file and the field for any problem."""
+        from kvlab.inputs import load_yaml
 
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the layout study config ({e.strerror or e})") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" (line {where.line + 1})" if where is not None else ""
-            raise ConfigError(f"{path}: not valid YAML or JSON{at}") from None
+        data = load_yaml(path, "layout study config")
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -189,10 +194,21 @@ class LayoutStudyConfig(Schema):
             raise ConfigError(f"{source}: {re.sub(r'^layout study[.:] ?', '', msg)}") from None
 
     def check(self) -> None:
-        """Checks beyond the field types: the clock, every family config and every layout resolve."""
+        """Checks beyond the field types: the clock, every family config (and its size, at most
+        :data:`MAX_FAMILY_REQUESTS` requests) and every layout resolve; each family has a folder of its own under
+        OUT, none of them :data:`RESERVED_NAMES`."""
         _ = self.clock_start_s
+        folders: dict[str, str] = {}
         for name in self.families:
-            self.family_config(name)
+            folder = family_folder(name).casefold()  # case-insensitive file systems: Rag and rag share one
+            if folder in RESERVED_NAMES:
+                raise ConfigError(f"families.{name}: the name {name!r} is reserved for the study's own "
+                                  f"{folder} results (OUT/{folder}/); rename the family")
+            if folder in folders:
+                raise ConfigError(f"families.{name}: its results folder OUT/{folder}/ is also that of family "
+                                  f"{folders[folder]!r}; rename one of them")
+            folders[folder] = name
+            check_family_size(self.family_config(name), f"families.{name}.config")
             self.layouts(name)
 
     # ------------------------------------------------------------------ resolved parts
@@ -245,11 +261,21 @@ class LayoutStudyConfig(Schema):
             raise ConfigError(f"{where}: {m.group(2)}") from None
 
     def generate(self, name: str) -> list:
-        """The generated requests of ``families[name]``."""
+        """The generated requests of ``families[name]``: at most :data:`MAX_FAMILY_REQUESTS` (ConfigError naming
+        the family's config otherwise, also when generating them runs out of memory)."""
         from kvlab.workload.families import generate
 
         config = self.family_config(name)
-        return config.generate() if isinstance(config, TraceFamilyConfig) else generate(config)
+        where = f"families.{name}.config"
+        try:
+            reqs = config.generate() if isinstance(config, TraceFamilyConfig) else generate(config)
+        except MemoryError:
+            raise ConfigError(f"{where}: out of memory generating the family's requests (make it smaller: "
+                              "n_requests, n_sessions, turns or token lengths)") from None
+        if len(reqs) > MAX_FAMILY_REQUESTS:
+            raise ConfigError(f"{where}: generates {len(reqs):,} requests, more than the layout study's limit of "
+                              f"{MAX_FAMILY_REQUESTS:,} per family (docs/layout.md); make it smaller")
+        return reqs
 
     def family_identity(self, name: str) -> dict:
         """What decides one family's numbers besides its generated requests and the tokenizer."""
@@ -267,9 +293,75 @@ class LayoutStudyConfig(Schema):
         for rec in musique_records(path):
             text += "".join(d.text + "\n\n" for d in rec.documents)
             ids, spans = tokenizer.encode_offsets(text, add_special_tokens=False)
+            if not ids:  # text that gives no tokens would be re-encoded, growing, over the whole corpus
+                raise ConfigError(f"tokenizer {tokenizer.name!r}: encodes the MuSiQue text to no tokens")
             if len(ids) > b.prompt_tokens:
                 return text[: spans[b.prompt_tokens][0]]
         raise ConfigError(f"boundary.prompt_tokens: the MuSiQue text has fewer than {b.prompt_tokens} tokens")
+
+
+def family_folder(name: str) -> str:
+    """The folder of family ``name`` under the study's OUT (:func:`kvlab.results.safe_name`)."""
+    from kvlab.results import safe_name
+
+    return safe_name(name)
+
+
+def _dist_high(dist: Any) -> float:
+    """The largest value a :class:`~kvlab.workload.families.base.LengthDist` draws (its ``max`` when set; a
+    lognormal without one: mean plus 3 sigma in log space, which 99.9 % of draws stay below)."""
+    import math
+
+    from kvlab.workload.families.base import FITTED_OUTPUT_LENGTHS
+
+    if dist.kind == "constant":
+        high = float(dist.value)
+    elif dist.kind == "uniform":
+        high = float(dist.max if dist.max is not None else dist.min)
+    elif dist.kind == "lognormal":
+        if dist.average is not None:
+            mu, sigma = math.log(dist.average * dist.median_ratio), math.sqrt(2 * math.log(1 / dist.median_ratio))
+        else:
+            mu, sigma = float(dist.mu or 0.0), float(dist.sigma or 0.0)
+        high = math.exp(min(mu + 3 * sigma, 700.0))
+    else:
+        high = float(max(FITTED_OUTPUT_LENGTHS[dist.fit]["quantiles"]))
+    return max(min(high, float(dist.max)) if dist.max is not None else high, float(dist.min), 1.0)
+
+
+def family_requests(config: Any) -> tuple[float, list[str]]:
+    """An upper bound of the requests a family config generates, and the fields it comes from: ``n_requests``;
+    ``n_sessions`` times the turns per session (chat) or tasks times (steps + 1) (agent); a mix's components
+    (each generated whole before the mix keeps its share); a trace family's ``max_requests``."""
+    if isinstance(config, TraceFamilyConfig):
+        return float(config.max_requests), ["max_requests"]
+    components = getattr(config, "components", None)
+    if components is not None:
+        bounds = [family_requests(c.config) for c in components]
+        total = sum(b for b, _ in bounds)
+        worst = max(range(len(bounds)), key=lambda i: bounds[i][0])
+        return total, [f"components[{worst}].config.{f}" for f in bounds[worst][1]]
+    if getattr(config, "n_requests", None) is not None:
+        return float(config.n_requests), ["n_requests"]
+    sessions = getattr(config, "n_sessions", None)
+    if sessions is None:
+        return 0.0, []
+    per, fields = 1.0, ["n_sessions"]
+    if getattr(config, "turns", None) is not None:
+        per, fields = _dist_high(config.turns), ["n_sessions", "turns"]
+    elif getattr(config, "tasks", None) is not None and getattr(config, "steps", None) is not None:
+        per, fields = _dist_high(config.tasks) * (_dist_high(config.steps) + 1), ["n_sessions", "tasks", "steps"]
+    return float(sessions) * per, fields
+
+
+def check_family_size(config: Any, where: str) -> None:
+    """ConfigError naming ``where`` (``families.<name>.config``) and the field when ``config`` may generate more
+    than :data:`MAX_FAMILY_REQUESTS` requests (:func:`family_requests`)."""
+    bound, fields = family_requests(config)
+    if bound > MAX_FAMILY_REQUESTS:
+        named = f"{where}.{fields[0]}: " if len(fields) == 1 else f"{where}: {' x '.join(fields)} allow "
+        raise ConfigError(f"{named}up to {bound:,.0f} requests, more than the layout study's limit of "
+                          f"{MAX_FAMILY_REQUESTS:,} per family (docs/layout.md, 'Limits'); make it smaller")
 
 
 def layouts_of(specs: list, where: str) -> list[Layout]:

@@ -15,7 +15,10 @@ Results (kvlab.results layout, reused while the identity matches): ``OUT/<family
 (one row per request x layout x cache size), ``runs`` (one row per layout x cache size) and ``first_miss``
 (requests per segment kind: ``what="first_miss"``, the kind holding the first recomputed token, block granular;
 ``what="break"``, the kind holding the first token no earlier request had, :func:`kvlab.layout.reuse.break_tokens`);
-``OUT/boundary/`` with ``requests`` (the sweep). The tokenizer identity
+``OUT/boundary/`` with ``requests`` (the sweep). ``OUT`` is an owned output folder (:mod:`kvlab.results.owned`:
+kvlab's listing marks it; a symbolic link, a file or a folder holding anything but kvlab's results is refused
+before any work, :func:`check_out`); no family may be named ``boundary`` or share another's folder
+(:data:`kvlab.layout.config.RESERVED_NAMES`). The tokenizer identity
 (name, tokenizer and template sha256) is part of every run's identity (its config) and of its manifest's ``trace``:
 another tokenizer or template is another run.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +38,19 @@ from tqdm.auto import tqdm
 
 from kvlab.layout.apply import RenderCache, layout_workload
 from kvlab.layout.base import Layout
-from kvlab.layout.config import LayoutStudyConfig
+from kvlab.layout.config import LayoutStudyConfig, family_folder
 from kvlab.layout.reuse import boundary_sweep, break_tokens, nonprefix_bound
 from kvlab.results import (
     build_manifest,
     check_output_location,
+    folder_kind,
     is_complete,
     read_results,
     run_identity,
-    safe_name,
     write_results,
 )
+from kvlab.results.owned import check_folder, prepare_folder, read_listing
+from kvlab.results.paths import TEMP_RE
 from kvlab.workload.segments import SEGMENT_KINDS
 from kvlab.workload.tokenizer import TextTokenizer, load_tokenizer
 
@@ -84,9 +90,7 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
               progress: bool = False) -> LayoutStudyResult:
     """Run (or, with ``resume``, read back) the study into ``out`` (module docstring)."""
     config = config or LayoutStudyConfig()
-    out = Path(out)
-    for name in [*config.families, "boundary"]:  # refuse a bad location before any work
-        check_output_location(out / safe_name(name), "run")
+    out = prepare_out(out, config)
     tokenizer = load_tokenizer(config.tokenizer)
     parts: dict[str, list[pd.DataFrame]] = {"runs": [], "requests": [], "first_miss": []}
     summaries: dict[str, dict] = {}
@@ -97,7 +101,7 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
         trace = _trace(family, requests_sha256(reqs), len(reqs), tokenizer)
         cfg = {"study_version": STUDY_VERSION, **config.family_identity(family), "tokenizer": tokenizer.identity()}
         identity = run_identity(cfg, trace)
-        folder = out / safe_name(family)
+        folder = out / family_folder(family)
         if not (resume and is_complete(folder, identity)):
             tables, summary = study_family(family, reqs, config, tokenizer, progress=progress)
             write_results(folder, tables, summary, build_manifest(cfg, trace=trace, seed=config.seed,
@@ -114,6 +118,38 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
     return LayoutStudyResult(runs=runs, requests=pd.concat(parts["requests"], ignore_index=True),
                              first_miss=pd.concat(parts["first_miss"], ignore_index=True), boundary=boundary,
                              gaps=gaps(runs), summaries=summaries, answers=answers, config=config)
+
+
+def check_out(out: str | Path, config: LayoutStudyConfig) -> Path:
+    """Refuse ``out`` (``--out``) before any work (docs/layout.md, "Owned outputs"); creates nothing, returns it
+    absolute. Accepted: absent, empty, a folder kvlab's listing marks as its own
+    (:func:`kvlab.results.owned.check_folder`), or, from before listings, a folder holding only kvlab result
+    folders; each family's and the boundary sweep's folder must be absent, empty or a kvlab run result
+    (:func:`kvlab.results.check_output_location`). Refused with ResultsLocationError: a symbolic link, a file, a
+    folder holding anything else (a user's thesis.tex)."""
+    out = Path(os.path.abspath(os.fspath(out)))
+    if not _results_only(out):
+        check_folder(out, flag="--out")
+    for folder in [*map(family_folder, config.families), "boundary"]:
+        check_output_location(out / folder, "run")
+    return out
+
+
+def prepare_out(out: str | Path, config: LayoutStudyConfig) -> Path:
+    """:func:`check_out`, then create ``out`` as an owned output folder (with kvlab's listing); a folder from
+    before listings that holds only kvlab results is used as it is."""
+    out = check_out(out, config)
+    return out if _results_only(out) else prepare_folder(out, flag="--out")
+
+
+def _results_only(out: Path) -> bool:
+    """Whether ``out`` is a folder without kvlab's listing whose entries are all kvlab result folders (a study
+    written before listings existed)."""
+    if out.is_symlink() or not out.is_dir() or read_listing(out) is not None:
+        return False
+    entries = [e for e in os.listdir(out) if not (TEMP_RE.match(e) or e.startswith(".kvlab-probe."))]
+    return bool(entries) and all((out / e).is_dir() and not (out / e).is_symlink() and folder_kind(out / e)
+                                 for e in entries)
 
 
 def study_family(family: str, reqs: list, config: LayoutStudyConfig, tokenizer: TextTokenizer, *,

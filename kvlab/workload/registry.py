@@ -159,6 +159,25 @@ def trace_cache_dir(cache: str | os.PathLike | None = None) -> Path:
     return Path(env) if env else Path.home() / ".cache" / "kvlab" / "traces"
 
 
+def check_cache_dir(cache: str | os.PathLike | None = None) -> Path:
+    """The download cache (:func:`trace_cache_dir`) if it is a folder or can be created as one; ConfigError, one
+    line naming it and where it came from (``--cache-dir`` / ``cache_dir=``, or ``$KVLAB_CACHE``), when it or a
+    folder on its way is a file. Creates nothing; :func:`download` calls it before any work."""
+    path = trace_cache_dir(cache)
+    source = ("--cache-dir (cache_dir=)" if cache is not None else
+              "$KVLAB_CACHE" if os.environ.get("KVLAB_CACHE") else "the default trace cache")
+    step = path
+    while not step.is_dir():
+        if step.exists() or step.is_symlink():
+            kind = "a file" if step.is_file() else "a broken link" if step.is_symlink() else "not a folder"
+            what = f"is {kind}, not a folder" if step == path else f"cannot be created: {step} is {kind}"
+            raise ConfigError(f"{source} {path}: {what}; give a folder for downloaded traces")
+        if step == step.parent:
+            break
+        step = step.parent
+    return path
+
+
 def search_dirs() -> list[Path]:
     """Local trace directories searched before downloading: ``$KVLAB_TRACE_DIRS``, then ../shared/traces."""
     dirs = [Path(d) for d in os.environ.get("KVLAB_TRACE_DIRS", "").split(os.pathsep) if d]
@@ -383,9 +402,11 @@ def download(
 ) -> Path:
     """Path of public trace ``name``: a local copy if one exists (module docstring), else downloaded.
 
-    ``force=True`` skips the local search and re-downloads into the cache.
+    ``force=True`` skips the local search and re-downloads into the cache. A cache folder that is a file is
+    refused first (:func:`check_cache_dir`).
     """
     entry = _entry(name)
+    check_cache_dir(cache_dir)
     if not force:
         local = find_local(name, cache=cache_dir)
         if local is not None:
