@@ -1,7 +1,7 @@
 """Aggregate metrics from per-request rows, with docs/semantics.md's names.
 
-Input: a requests frame with at least ``prompt_tokens``, ``hit_tokens``, ``full_blocks``,
-``hit_blocks``, ``evictions`` (blocks) and optionally ``admitted``, ``ideal_hit_tokens``,
+Input: a requests frame with at least :data:`SUMMARY_INPUTS` (``prompt_tokens``, ``hit_tokens``, ``full_blocks``,
+``hit_blocks``, ``evictions``; tokens and blocks) and optionally ``admitted``, ``ideal_hit_tokens``,
 ``cached_blocks``. Rates are fractions in [0, 1]; ``eviction_rate_per_s`` is per second of trace time.
 """
 
@@ -18,6 +18,10 @@ from kvlab.names import Summary
 
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else 0.0
+
+
+#: the ``requests.parquet`` columns every summary is computed from (:func:`summarize`); every driver writes them
+SUMMARY_INPUTS: tuple[str, ...] = ("prompt_tokens", "hit_tokens", "full_blocks", "hit_blocks", "evictions")
 
 
 def summarize(requests: pd.DataFrame, *, duration_s: float | None = None, capacity_blocks: int | None = None) -> dict:

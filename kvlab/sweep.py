@@ -20,6 +20,7 @@ interrupted sweep leaves the last complete table in place. ``kvlab sweep`` over 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -45,7 +46,7 @@ from kvlab.results import (
     write_results,
 )
 from kvlab.results.identity import SEMANTICS_VERSION
-from kvlab.results.paths import clean_stale
+from kvlab.results.paths import clean_stale, file_entry
 from kvlab.results.runs import LOCKS, RUNS, SCANNER, TABLE, order_key, table_row, tier_row
 from kvlab.results.store import (
     MANIFEST,
@@ -137,42 +138,92 @@ def _write_json(path: Path, obj: object, phase: str | None = None) -> dict:
     return atomic_write_file(path, lambda p: p.write_text(dumps(obj) + "\n"), phase=phase)
 
 
-def prepare_folder(out: str | os.PathLike, kind: str = "sweep") -> Path:
+def prepare_folder(out: str | os.PathLike, kind: str = "sweep", *, experiment: dict | None = None) -> Path:
     """Check ``out`` (:func:`~kvlab.results.check_output_location`), create it, and mark it as a kvlab
     ``kind`` folder (its manifest written first, under the folder lock) so that an interrupted sweep
-    is recognised and resumed. Returns the absolute path."""
-    out = check_output_location(out, kind)
+    is recognised and resumed. ``experiment``: the ``{"name", "definition"}`` record of the ``kvlab run``
+    experiment whose folder this is (kvlab.experiment.definition.record), written into the manifest when it
+    differs from the recorded one and kept by every table rebuild; without it a folder holding an
+    experiment's results is refused (a replay sweep's rows would mix into the experiment's table).
+    Returns the absolute path."""
+    out = check_output_location(out, kind, experiment=experiment is not None)
     out.mkdir(parents=True, exist_ok=True)
     with locked(out):
         found = folder_kind(out)
         if found is None:
-            check_output_location(out, kind)  # still empty? (another process may have written meanwhile)
-            _write_json(out / MANIFEST, _folder_manifest(kind, None, {}))
+            check_output_location(out, kind, experiment=experiment is not None)  # still empty? (another writer)
+            _write_json(out / MANIFEST, _folder_manifest(kind, None, {}, **_record(experiment)))
         elif found != kind:
             check_output_location(out, kind)  # raises, naming the kind found
+        elif experiment is not None:
+            manifest = _read_folder_manifest(out)
+            if manifest.get("experiment") != experiment:
+                _write_json(out / MANIFEST, {**manifest, **_record(experiment)})
     (out / LOCKS).mkdir(exist_ok=True)
     return out
 
 
+def _record(experiment: dict | None) -> dict:
+    return {} if experiment is None else {"experiment": experiment}
+
+
+#: fields of a sweep folder's manifest that a table rebuild keeps (prepare_folder's ``experiment``)
+KEPT_FIELDS = ("experiment",)
+
+
+def _read_folder_manifest(out: Path) -> dict:
+    """The sweep folder's manifest as recorded ({} when unreadable: the next table rewrites it)."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _write_table(out: Path, rows: list[dict], kind: str, *, csv: bool, **extra: object) -> pd.DataFrame:
-    """Under the caller's folder lock: ``sweep.parquet`` (and ``sweep.csv``), then the manifest."""
+    """Under the caller's folder lock: ``sweep.parquet`` (and ``sweep.csv``), then the manifest (keeping its
+    :data:`KEPT_FIELDS`)."""
     frame = pd.DataFrame(rows)
     files = {TABLE: atomic_write_file(out / TABLE, lambda p: frame.to_parquet(p, index=False),
                                       phase="table-commit")}
     if csv:
         files[CSV] = atomic_write_file(out / CSV, lambda p: frame.to_csv(p, index=False), phase="table-commit")
-    _write_json(out / MANIFEST, _folder_manifest(kind, frame, files, **extra), phase="table-commit")
+    old = _read_folder_manifest(out)
+    kept = {k: old[k] for k in KEPT_FIELDS if k in old and k not in extra}
+    _write_json(out / MANIFEST, _folder_manifest(kind, frame, files, **kept, **extra), phase="table-commit")
     return frame
 
 
-def rebuild_table(out: str | os.PathLike) -> pd.DataFrame:
+def table_problem(out: str | os.PathLike) -> str | None:
+    """Why ``OUT/sweep.parquet`` does not say what the folder holds, None when it does: the table missing,
+    its size or sha256 not the ones the folder's manifest records (truncated, corrupt, replaced), or the
+    manifest's run ids not the complete runs under ``OUT/runs`` (a run added, removed or damaged since)."""
+    out = Path(out)
+    manifest = _read_folder_manifest(out)
+    entry = (manifest.get("files") or {}).get(TABLE) if isinstance(manifest.get("files"), dict) else None
+    if not (out / TABLE).is_file():
+        return f"{out / TABLE}: missing"
+    if not isinstance(entry, dict):
+        return f"{out / MANIFEST}: records no checksum of {TABLE}"
+    if file_entry(out / TABLE) != {"sha256": entry.get("sha256"), "bytes": entry.get("bytes")}:
+        return f"{out / TABLE}: size or sha256 differs from the one {MANIFEST} records (truncated or corrupt)"
+    listed = manifest.get("runs")
+    complete = [r["run_id"] for r in SCANNER.rows(out / RUNS)]
+    if not isinstance(listed, list) or sorted(map(str, listed)) != sorted(complete):
+        return f"{out / TABLE}: lists other runs than the {len(complete)} complete runs under {out / RUNS}"
+    return None
+
+
+def rebuild_table(out: str | os.PathLike, *, experiment: dict | None = None) -> pd.DataFrame:
     """Rewrite ``OUT/sweep.parquet`` and the sweep manifest from every complete run under ``OUT/runs``
-    (under the folder lock; leftovers of dead writers removed first). Returns the table."""
+    (under the folder lock; leftovers of dead writers removed first), whatever the table was (a truncated or
+    corrupt one, :func:`table_problem`, is replaced). ``experiment``: the experiment record the manifest
+    holds (:func:`prepare_folder`; None keeps the recorded one). Returns the table."""
     out = Path(out)
     with locked(out):
         clean_stale(out / RUNS)
         clean_stale(out)
-        return _write_table(out, SCANNER.rows(out / RUNS), "sweep", csv=False)
+        return _write_table(out, SCANNER.rows(out / RUNS), "sweep", csv=False, **_record(experiment))
 
 
 def combine_tables(out: str | os.PathLike) -> pd.DataFrame:
@@ -315,6 +366,7 @@ __all__ = [
     "rebuild_table",
     "run_sweep",
     "run_sweeps",
+    "table_problem",
     "table_row",
     "tier_axis",
     "tier_row",

@@ -22,9 +22,11 @@ from kvlab.results.store import (
     verify_run,
     write_results,
 )
+from kvlab.results.trust import ResultsWarning
 
 __all__ = [
     "SEMANTICS_VERSION",
+    "ResultsWarning",
     "RunResult",
     "atomic_write_file",
     "build_manifest",

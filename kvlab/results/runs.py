@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +20,8 @@ import pandas as pd
 from kvlab.errors import ResultsError
 from kvlab.names import canonical_keys
 from kvlab.results.paths import safe_name
-from kvlab.results.store import SUMMARY, read_json, verify_run
+from kvlab.results.store import MANIFEST, SUMMARY, read_json, verify_run
+from kvlab.results.trust import folder_problems, report
 
 RUNS = "runs"
 LOCKS = ".locks"
@@ -90,41 +92,73 @@ def _signature(run_dir: Path) -> tuple | None:
     return (st.st_ino, st.st_mtime_ns, files)
 
 
+@dataclass(frozen=True)
+class ScannedRun:
+    """One folder under ``runs/``, verified: its table ``row`` and verified ``manifest`` when it is a complete
+    run named by its run_id, else ``problem`` (one line: why it is not a row). Both None: the folder vanished
+    while it was read (a writer replaced it)."""
+
+    name: str
+    row: dict | None = None
+    manifest: dict | None = None
+    problem: str | None = None
+
+
+def scan_run(run_dir: Path) -> ScannedRun:
+    """:class:`ScannedRun` of ``run_dir``, read once (no cache): checksums against its manifest, run id against
+    the folder name (a run folder renamed or swapped with another is not that run), a run identity."""
+    try:
+        manifest = verify_run(run_dir, run_dir.name)
+        summary = read_json(run_dir / SUMMARY)
+        if not isinstance(manifest.get("identity"), dict):
+            return ScannedRun(run_dir.name, problem=f"{run_dir / MANIFEST}: records no run identity")
+        if not isinstance(summary, dict):
+            return ScannedRun(run_dir.name, problem=f"{run_dir / SUMMARY}: not a JSON object")
+        return ScannedRun(run_dir.name, row=table_row(manifest, summary), manifest=manifest)
+    except ResultsError as exc:
+        return ScannedRun(run_dir.name, problem=str(exc))
+    except (KeyError, TypeError, AttributeError) as exc:
+        return ScannedRun(run_dir.name, problem=f"{run_dir / MANIFEST}: lacks a field of a run ({exc!r})")
+
+
 class RunScanner:
     """Table rows of complete runs, each verified once per on-disk state (checksums are not re-read while
     nothing in a run folder changed)."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[tuple, dict | None]] = {}
+        self._seen: dict[str, tuple[tuple, ScannedRun]] = {}
 
-    def row(self, run_dir: Path) -> dict | None:
-        """The row of the complete run in ``run_dir`` (named by its run_id), None if it is not complete."""
+    def scan(self, run_dir: Path) -> ScannedRun:
+        """:func:`scan_run` of ``run_dir``, cached while its on-disk state (:func:`_signature`) is unchanged."""
         for _ in range(3):  # a run being replaced concurrently may change under the reader: look again
             sig = _signature(run_dir)
             if sig is None:
-                return None
+                return ScannedRun(run_dir.name)
             cached = self._seen.get(str(run_dir))
             if cached is not None and cached[0] == sig:
                 return cached[1]
-            try:
-                manifest = verify_run(run_dir, run_dir.name)
-                summary = read_json(run_dir / SUMMARY)
-                row = table_row(manifest, summary) if isinstance(manifest.get("identity"), dict) else None
-            except (ResultsError, KeyError, TypeError):
-                row = None
+            scanned = scan_run(run_dir)
             if _signature(run_dir) == sig:
-                self._seen[str(run_dir)] = (sig, row)
-                return row
-        return None
+                self._seen[str(run_dir)] = (sig, scanned)
+                return scanned
+        return ScannedRun(run_dir.name, problem=f"{run_dir}: changed while it was read (a writer replacing it)")
 
-    def rows(self, runs_dir: Path) -> list[dict]:
-        """Rows of every complete run in ``runs_dir`` (hidden temporaries skipped), in table order."""
+    def row(self, run_dir: Path) -> dict | None:
+        """The row of the complete run in ``run_dir`` (named by its run_id), None if it is not complete."""
+        return self.scan(run_dir).row
+
+    def scan_all(self, runs_dir: Path) -> list[ScannedRun]:
+        """:meth:`scan` of every folder in ``runs_dir`` (hidden temporaries skipped), by name."""
         try:
             names = sorted(e.name for e in os.scandir(runs_dir) if e.is_dir(follow_symlinks=False)
                            and not e.name.startswith("."))
         except FileNotFoundError:
             return []
-        rows = [r for r in (self.row(runs_dir / n) for n in names) if r is not None]
+        return [self.scan(runs_dir / n) for n in names]
+
+    def rows(self, runs_dir: Path) -> list[dict]:
+        """Rows of every complete run in ``runs_dir`` (hidden temporaries skipped), in table order."""
+        rows = [s.row for s in self.scan_all(runs_dir) if s.row is not None]
         return sorted(rows, key=order_key)
 
 
@@ -132,14 +166,19 @@ SCANNER = RunScanner()  # one per process: the sweep, the experiment runner and 
 
 
 # ----------------------------------------------------------------------------- the experiment table
-def load_runs(folder: str | os.PathLike, run_ids: list[str] | None = None) -> pd.DataFrame:
+def load_runs(folder: str | os.PathLike, run_ids: list[str] | None = None, *, strict: bool = False) -> pd.DataFrame:
     """The experiment table of ``folder``: one row per complete run (``run_ids``: these runs, in this order;
-    ResultsError if one is not complete)."""
+    ResultsError if one is not complete). Without ``run_ids`` the folder's runs are checked together first
+    (:mod:`kvlab.results.trust`: damaged runs, several trace contents or experiment definitions, runs of
+    another command): each problem is a :class:`~kvlab.results.trust.ResultsWarning`, or with ``strict`` a
+    ResultsError."""
     folder = Path(folder)
     if not (folder / RUNS).is_dir():
         raise ResultsError(f"{folder}: not an experiment results folder (no {RUNS}/); run kvlab run first")
-    rows = SCANNER.rows(folder / RUNS)
+    scanned = SCANNER.scan_all(folder / RUNS)
+    rows = sorted((s.row for s in scanned if s.row is not None), key=order_key)
     if run_ids is None:
+        report(folder_problems(folder, scanned, folder_manifest(folder)), strict=strict, stacklevel=4)
         if not rows and not (folder / TABLE).exists():
             return pd.DataFrame()
         return tidy(pd.DataFrame(rows))
@@ -148,6 +187,15 @@ def load_runs(folder: str | os.PathLike, run_ids: list[str] | None = None) -> pd
     if missing:
         raise ResultsError(f"{folder / RUNS / missing[0]}: run not complete after the experiment")
     return tidy(pd.DataFrame([where[rid] for rid in run_ids]))
+
+
+def folder_manifest(folder: Path) -> dict | None:
+    """The sweep manifest of results folder ``folder`` (``manifest.json``), None when absent or unreadable."""
+    try:
+        manifest = read_json(folder / MANIFEST)
+    except ResultsError:
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 #: the config columns of an experiment table that are not dotted paths (kvlab.experiment.runner.flat_columns;
@@ -191,15 +239,19 @@ def resolve_folder(experiment: str | os.PathLike, results: str | os.PathLike = "
     return experiment_folder(str(experiment), results)
 
 
-def load(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> pd.DataFrame:
+def load(experiment: str | os.PathLike, results: str | os.PathLike = "results", *,
+         strict: bool = False) -> pd.DataFrame:
     """One tidy DataFrame of an experiment's complete runs: one row per run, its config fields as dotted
     columns (``cache.policy``, ``cache.capacity_blocks``, ``seed``...), then the run's summary.
 
     ``experiment``: an experiment name (read from ``results/<name>/``), a results folder, or the experiment's
-    YAML file (:func:`resolve_folder`). See docs/experiments.md."""
-    return load_runs(resolve_folder(experiment, results))
+    YAML file (:func:`resolve_folder`). A run that is damaged, runs of several contents of one trace or of
+    several experiment definitions, and runs another command wrote into the folder are each warned
+    (:class:`~kvlab.results.trust.ResultsWarning`, one line naming the runs) or, with ``strict``, refused
+    (ResultsError). See docs/experiments.md and docs/results.md ("What load() checks")."""
+    return load_runs(resolve_folder(experiment, results), strict=strict)
 
 
-__all__ = ["CONFIG_TOP_LEVEL", "LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "config_columns",
-           "experiment_folder", "load", "load_runs", "order_key", "resolve_folder", "table_row", "tidy", "tier_row",
-           "varying_columns"]
+__all__ = ["CONFIG_TOP_LEVEL", "LOCKS", "RUNS", "SCANNER", "TABLE", "RunScanner", "ScannedRun", "config_columns",
+           "experiment_folder", "folder_manifest", "load", "load_runs", "order_key", "resolve_folder", "scan_run",
+           "table_row", "tidy", "tier_row", "varying_columns"]

@@ -34,6 +34,7 @@ import pandas as pd
 
 from kvlab.errors import ResultsError, ResultsLocationError
 from kvlab.names import canonical_columns, canonical_keys
+from kvlab.results.columns import check_columns
 from kvlab.results.faults import checkpoint
 from kvlab.results.identity import SEMANTICS_VERSION, run_id, run_identity
 from kvlab.results.jsonio import dumps, json_default  # noqa: F401  (dumps re-exported)
@@ -48,6 +49,7 @@ from kvlab.results.paths import (
     replace_folder,
     safe_name,
 )
+from kvlab.results.trust import experiment_holder, holds_runs
 from kvlab.workload._common import sha256_file as file_sha256  # noqa: F401  (re-exported)
 
 MANIFEST_VERSION = 1
@@ -187,14 +189,17 @@ def _probe_writable(folder: Path, out: Path) -> None:
     os.unlink(name)
 
 
-def check_output_location(out: str | os.PathLike, kind: str = "run") -> Path:
+def check_output_location(out: str | os.PathLike, kind: str = "run", *, experiment: bool = False) -> Path:
     """Refuse an output location before any work is done; return it as an absolute path.
 
     Accepted: an absent path (its nearest existing ancestor a writable folder), an empty folder, or a
     folder holding a kvlab result of the same ``kind`` (a run folder must hold only kvlab file names,
     since replacing it deletes them). Refused with ResultsLocationError: a file or symbolic link, a
     non-empty folder that is not a kvlab result, a kvlab result of another kind (a sweep given as a
-    run's out or vice versa), a location that cannot be written. Creates nothing that stays."""
+    run's out or vice versa), a location that cannot be written; a sweep folder holding an experiment's
+    results (``kvlab run``: :func:`~kvlab.results.trust.experiment_holder`) unless ``experiment`` (the
+    runner), and with ``experiment`` a sweep folder holding runs of ``kvlab replay`` / ``kvlab sweep``.
+    Creates nothing that stays."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     out = Path(os.path.abspath(os.fspath(out)))
@@ -225,6 +230,8 @@ def check_output_location(out: str | os.PathLike, kind: str = "run") -> Path:
             if found != kind:
                 raise _refuse(out, f"holds a kvlab {found}, not a {kind}",
                               f"give another folder for this {kind}")
+            if kind == "sweep":
+                _check_sweep_owner(out, experiment)
             if kind == "run":
                 foreign = [e for e in entries if not (is_run_file_name(e) and (out / e).is_file()
                                                       and not (out / e).is_symlink())]
@@ -245,6 +252,18 @@ def check_output_location(out: str | os.PathLike, kind: str = "run") -> Path:
         raise _refuse(out, f"{ancestor} is a file, not a folder", "give a path below a folder")
     _probe_writable(ancestor, out)
     return out
+
+
+def _check_sweep_owner(out: Path, experiment: bool) -> None:
+    """Refuse a sweep folder of the other command: an experiment's (``kvlab run``) for a replay sweep, a
+    replay sweep's for an experiment (their rows would mix in one table, config columns empty)."""
+    holder = experiment_holder(out)
+    if not experiment and holder is not None:
+        raise _refuse(out, f"holds the results of experiment {holder!r} (kvlab run)",
+                      "give another folder for this sweep (its rows would mix into the experiment's table)")
+    if experiment and holder is None and holds_runs(out):
+        raise _refuse(out, "holds a sweep of kvlab replay / kvlab sweep, not an experiment's results",
+                      "give another --results folder (or rename the experiment)")
 
 
 # ----------------------------------------------------------------------------- writing a run
@@ -445,6 +464,7 @@ def _read_snapshot(path: Path) -> RunResult:
     if not isinstance(summary, dict):
         raise ResultsError(f"{path / SUMMARY}: expected a JSON object")
     tables = {name: canonical_columns(frame) for name, frame in tables.items()}
+    check_columns(path, manifest.get("driver"), tables)
     return RunResult(path=path, tables=tables, summary=canonical_keys(summary), manifest=manifest)
 
 
