@@ -16,13 +16,16 @@ per-command timeout and an address-space limit) and classifies the outcome autom
   partial or wrong one) and **crash/oom** (MemoryError, a signal, or the address-space limit).
 
 Classes: malformed trace, bad parameter, output location, interruption, concurrency, corrupt result,
-resource exhaustion. The acceptance criterion is zero in every failure column for all of them.
+resource exhaustion (issue 10), and issue 23's surfaces, registered from ``robustness_surfaces.py``: experiment
+file, tier spec, simulator flags, layout study, text/tokenizer, figures, results tables, Python API. The
+acceptance criterion is zero in every failure column for all of them.
 
 Run::
 
     python benchmarks/robustness.py                    # every case, table + failures
     python benchmarks/robustness.py --only interruption --jobs 2 --json /tmp/robust.json
     python benchmarks/robustness.py --list
+    python benchmarks/robustness.py --new --json /tmp/surfaces.json    # issue 23's classes only
     python benchmarks/robustness.py --pythonpath /tmp/kvlab-snapshot   # test another copy of kvlab
 
 Inputs are small slices of ``../shared/traces`` (``--traces``) written into the run's temporary folder;
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -55,6 +59,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = REPO.parent / "shared" / "traces"
 
+
+
+def _load_surfaces():
+    """benchmarks/robustness_surfaces.py (issue 23's classes and cases), loaded by path: this file also runs as
+    a script and is loaded by path from the tests, so it is not a package import."""
+    spec = importlib.util.spec_from_file_location("kvlab_robustness_surfaces",
+                                                  Path(__file__).resolve().with_name("robustness_surfaces.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+surfaces = _load_surfaces()
+SURFACE_CLASSES: tuple[str, ...] = surfaces.CLASSES
 CLASSES = (
     "malformed trace",
     "bad parameter",
@@ -63,6 +82,7 @@ CLASSES = (
     "concurrency",
     "corrupt result",
     "resource exhaustion",
+    *SURFACE_CLASSES,
 )
 OUTCOMES = (
     "clear error",
@@ -2146,6 +2166,7 @@ _register_interruption()
 _register_concurrency()
 _register_corrupt()
 _register_resource()
+surfaces.register_all(sys.modules[__name__])
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -2235,6 +2256,16 @@ def table_text(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def table_counts(results: Sequence[Result]) -> dict[str, dict[str, int]]:
+    """The table as data: class (and 'all') -> outcome -> number of cases (every outcome listed)."""
+    out = {}
+    for cls in [*CLASSES, "all"]:
+        rs = [r for r in results if cls == "all" or r.case.cls == cls]
+        if rs or cls == "all":
+            out[cls] = {o: sum(r.outcome == o for r in rs) for o in OUTCOMES} | {"total": len(rs)}
+    return out
+
+
 def _short(text: str, n: int = 220) -> str:
     text = text.replace("\n", " ")
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -2258,6 +2289,8 @@ def failures_text(results: Sequence[Result]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", action="append", default=[], metavar="CLASS", help=f"one of: {', '.join(CLASSES)}")
+    ap.add_argument("--new", action="store_true", help="issue 23's cases (robustness_surfaces.py); with --only: "
+                    "these as well")
     ap.add_argument("--id", action="append", default=[], dest="ids", metavar="CASE",
                     help="run this case (repeatable; with --only: these as well)")
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel (default 2)")
@@ -2271,7 +2304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR", help="run in DIR and keep it (debugging)")
     ap.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     a = ap.parse_args(argv)
-    cases = select(a.only, a.ids)
+    new_ids = [c.id for c in CASES if c.fn.__module__ == surfaces.__name__] if a.new else []
+    cases = select(a.only, [*a.ids, *new_ids])
     if a.list:
         for c in cases:
             print(f"{c.cls:<20} {c.id:<52} {c.desc}")
@@ -2305,7 +2339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"seconds": round(wall, 1), "jobs": a.jobs, "timeout": a.timeout,
-                                      "cases": [r.record() for r in results]}, indent=1, ensure_ascii=False) + "\n")
+                                      "table": table_counts(results), "cases": [r.record() for r in results]},
+                                     indent=1, ensure_ascii=False) + "\n")
     severe = sum(r.outcome not in GOOD for r in results)
     return 1 if severe else 0
 

@@ -337,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[common], help="the main job on the embedded default workload (no download)")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
+    run.add_argument("--max-points", type=int, default=None, metavar="N",
+                     help="the most sweep points the experiment may have (default 100,000; counted before planning)")
+    run.add_argument("--allow-redefine", action="store_true",
+                     help="run a changed experiment into the folder of the earlier definition of the same name")
     demo.add_argument("--quick", action="store_true", help="a smaller workload (tests, CI)")
     demo.add_argument("--quiet", action="store_true")
     demo.set_defaults(func=cmd_demo)
@@ -467,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:
         if debug:
             raise
-        print("kvlab: error: out of memory (a smaller --limit, capacity or trace would fit)", file=sys.stderr)
+        hint = getattr(args, "memory_hint", None) or ("a smaller --limit, capacity or trace would fit"
+                                                      if hasattr(args, "limit") else "a smaller input would fit")
+        print(f"kvlab: error: out of memory ({hint})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug:

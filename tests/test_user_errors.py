@@ -392,7 +392,7 @@ def test_catalogue_subset_has_no_severe_failures(shared_traces):
     """A case or two per class of benchmarks/robustness.py: none may end in a traceback, a silent wrong
     result, a hang, data loss or a crash."""
     cases = rb.select(ids=SUBSET)
-    assert {c.cls for c in cases} == set(rb.CLASSES)
+    assert {c.cls for c in cases} == set(rb.CLASSES) - set(rb.SURFACE_CLASSES)  # issue 23's: test_new_surfaces
     results = rb.run_cases(cases, jobs=2, opts=rb.Options(pythonpath=str(REPO), traces=shared_traces))
     bad = [f"{r.case.id}: {r.outcome}: {r.verdict.detail}" for r in results
            if r.outcome in (*rb.SEVERE, "crash/oom", "harness error")]

@@ -21,6 +21,8 @@ import copy
 import itertools
 import json
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -60,6 +62,23 @@ SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"
 CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
 GIB = 1 << 30
 
+#: the most sweep points an experiment may have unless raised (``kvlab run --max-points``, ``max_points=``)
+MAX_POINTS = 100_000
+#: names an experiment may not take: each is a folder (or file) kvlab writes under RESULTS itself, or one its
+#: figures folder ``RESULTS/figures/<name>/`` would share -> what it is (compared case-insensitively)
+RESERVED_NAMES = {
+    "figures": "RESULTS/figures/ is the figures root (kvlab run, kvlab figures)",
+    "quick": "RESULTS/figures/quick/ is the figures root of quick runs",
+    "runs": "runs/ holds the runs of a results folder",
+    "demo": "RESULTS/demo/ is kvlab demo's folder",
+    "calibration": "RESULTS/calibration/ holds kvlab calibrate's profiles",
+    "layout_study": "RESULTS/layout_study/ is kvlab layout-study's folder",
+    "tiers_serving": "RESULTS/tiers_serving/ is the tier serving study's folder",
+    "tiers_serving_quick": "RESULTS/tiers_serving_quick/ is the tier serving study's quick folder",
+    "manifest.json": "manifest.json is a results folder's manifest",
+    "sweep.parquet": "sweep.parquet is a results folder's table",
+    "sweep.csv": "sweep.csv is a results folder's table",
+}
 
 def _later_left_out(model: BaseModel, data: object) -> object:
     """``data`` (a dump of ``model``) without the fields of ``model._LATER_IN_DUMPS`` that hold their defaults
@@ -216,6 +235,15 @@ class Experiment(Schema):
             raise ConfigError(validation_message(exc)) from None
 
     @model_serializer(mode="wrap")
+    @field_validator("name")
+    @classmethod
+    def _name_not_reserved(cls, value: str) -> str:
+        why = RESERVED_NAMES.get(value.lower())
+        if why is not None:
+            raise ValueError(f"{value!r} is reserved ({why}); choose another name (reserved: "
+                             f"{', '.join(RESERVED_NAMES)})")
+        return value
+
     def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
         return _later_left_out(self, handler(self))
 
@@ -372,25 +400,13 @@ def engine_model_config(model: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- files
-def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate an experiment YAML file; ConfigError starting with the file's path."""
+def load_experiment(path: str | os.PathLike) -> Experiment:
+    """Read and validate an experiment YAML file; ConfigError starting with the file's path. The file must be a
+    regular file (a FIFO or device is refused at once, kvlab.inputs) and no mapping may give a key twice."""
+    from kvlab.inputs import parse_yaml, read_text
+
     path = Path(path)
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml is present wherever kvlab's dependencies are
-        raise ConfigError("reading experiment files needs pyyaml (pip install pyyaml)") from None
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such experiment file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
+    data = parse_yaml(read_text(path, "experiment file"), str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: an experiment file is a mapping (name:, trace:, cache:, ...), got "
                           f"{type(data).__name__}")
@@ -420,25 +436,55 @@ def _set(data: dict, path: str, value: object) -> None:
     node[parts[-1]] = value
 
 
-def points(sweep: Sweep) -> list[dict]:
-    """The sweep's points in order, each ``{axis path: value}``: grid combinations (first axis slowest),
-    each with every zip position."""
+def count_points(sweep: Sweep) -> int:
+    """How many points ``sweep`` has (the product of the grid axes' lengths times the zip length), counted
+    without listing them."""
+    return math.prod(len(v) for v in sweep.grid.values()) * (len(next(iter(sweep.zip.values()))) if sweep.zip else 1)
+
+
+def check_size(sweep: Sweep, max_points: int = MAX_POINTS, source: str | None = None) -> int:
+    """The number of points of ``sweep`` (:func:`count_points`); ConfigError naming ``sweep.grid`` (or
+    ``sweep.zip``), each axis's length and the count when it exceeds ``max_points``, before anything is
+    expanded."""
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
+        raise ConfigError(f"max_points (--max-points): must be a whole number >= 1, got {max_points!r}")
+    n = count_points(sweep)
+    if n <= max_points:
+        return n
+    axes = [f"{k} ({len(v):,})" for k, v in sweep.grid.items()]
+    if sweep.zip:
+        axes.append(f"sweep.zip ({len(next(iter(sweep.zip.values()))):,} positions)")
+    what = "sweep.grid" if sweep.grid else "sweep.zip"
+    raise ConfigError(f"{source + ': ' if source else ''}{what}: {' x '.join(axes)} make {n:,} points, more than "
+                      f"the limit of {max_points:,}; sweep fewer values, or raise the limit with --max-points {n} "
+                      "(max_points=) if you mean it")
+
+
+def iter_points(sweep: Sweep) -> Iterator[dict]:
+    """The sweep's points in order, one at a time, each ``{axis path: value}``: grid combinations (first axis
+    slowest), each with every zip position."""
     grid_axes = list(sweep.grid.items())
     zipped = list(zip(*sweep.zip.values(), strict=True)) if sweep.zip else [()]
     out = []
     for combo in itertools.product(*(values for _, values in grid_axes)):
         for z in zipped:
-            out.append({**dict(zip([k for k, _ in grid_axes], combo, strict=True)),
-                        **dict(zip(sweep.zip, z, strict=True))})
-    return out
+            yield {**dict(zip([k for k, _ in grid_axes], combo, strict=True)), **dict(zip(sweep.zip, z, strict=True))}
 
 
-def expand(experiment: Experiment, source: str | None = None) -> list[tuple[dict, Experiment]]:
+def points(sweep: Sweep, max_points: int = MAX_POINTS) -> list[dict]:
+    """:func:`iter_points` as a list (ConfigError first when there are more than ``max_points``)."""
+    check_size(sweep, max_points)
+    return list(iter_points(sweep))
+
+
+def expand(experiment: Experiment, source: str | None = None, *,
+           max_points: int = MAX_POINTS) -> list[tuple[dict, Experiment]]:
     """``(point, run)`` per sweep point: ``run`` is the experiment with the point's values set and no sweep,
-    validated (ConfigError naming the file, the point and the field)."""
+    validated (ConfigError naming the file, the point and the field). The points are counted first
+    (:func:`check_size`: more than ``max_points`` is refused before any is made)."""
+    check_size(experiment.sweep, max_points, source)
     base = experiment.model_dump(mode="python", exclude={"sweep"})
-    out = []
-    for i, point in enumerate(points(experiment.sweep)):
+    for i, point in enumerate(iter_points(experiment.sweep)):
         data = copy.deepcopy(base)
         for path, value in point.items():
             _set(data, path, value)
@@ -468,6 +514,6 @@ def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int
     return blocks
 
 
-__all__ = ["CAPACITY_FIELDS", "DRIVERS", "SIM_FIELDS", "AnalysisSpec", "CacheSpec", "EngineSpec", "Experiment",
-           "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "engine_model_config", "expand", "load_experiment",
-           "points"]
+__all__ = ["CAPACITY_FIELDS", "DRIVERS", "MAX_POINTS", "RESERVED_NAMES", "SIM_FIELDS", "AnalysisSpec", "CacheSpec",
+           "EngineSpec", "Experiment", "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "check_size",
+           "count_points", "engine_model_config", "expand", "iter_points", "load_experiment", "points"]
