@@ -3,35 +3,72 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
-from kvlab.errors import ConfigError
+from kvlab.errors import ConfigError, KvlabError
+
+#: what to shrink when ``kvlab run`` runs out of memory (the MemoryError handler of kvlab.cli prints it)
+MEMORY_HINT = "fewer sweep points (sweep.grid / sweep.zip, --max-points) or a shorter trace (trace.limit) would fit"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``kvlab run EXPERIMENT.yaml``: plan every run (all configs checked), run the missing ones, print the table
     with each run's confidence interval (the experiment's ``analysis:``), the ``--paired`` comparison, and write
-    the experiment's figure (docs/experiments.md)."""
-    from kvlab.cli_replay import print_summary
+    the experiment's figure (docs/experiments.md). Everything checkable is checked before the first run (the
+    sweep's size, the results and figures folders, the analysis warm-up); a step after the runs that fails
+    keeps them and ends in one line naming what to change."""
     from kvlab.experiment import experiment_folder, load_experiment, run_experiment
+    from kvlab.experiment.config import MAX_POINTS
 
+    args.memory_hint = MEMORY_HINT
     experiment = load_experiment(args.experiment)
     paired_policies = _paired_arg(args.paired, experiment)
+
+    def check_figures(planned: list) -> None:
+        if not args.no_figure:
+            _check_figure_folder(experiment, planned, args.results)
+
     table = run_experiment(args.experiment, args.results, workers=args.workers, backend=args.backend,
-                           address=args.address, resume=not args.no_resume, progress=not args.quiet)
+                           address=args.address, resume=not args.no_resume, progress=not args.quiet,
+                           max_points=MAX_POINTS if args.max_points is None else args.max_points,
+                           allow_redefine=args.allow_redefine, before_runs=check_figures)
     folder = experiment_folder(experiment, args.results)
-    table = _with_intervals(table, experiment, folder)
+    kept = f"the {len(table)} runs are complete in {folder} (kept: rerunning reuses them)"
+    with _after_runs(kept, f"change analysis: in {args.experiment}"):
+        table = _with_intervals(table, experiment, folder)
+    _print_table(table, experiment)
+    print(f"results written to {folder}")
+    if paired_policies is not None:
+        with _after_runs(kept, "change --paired or analysis:"):
+            _print_paired(table, folder, experiment, *paired_policies)
+    if not args.no_figure:
+        with _after_runs(kept, "move the file named away, or give --no-figure"):
+            _experiment_figure(table, experiment, folder, args.results)
+    return 0
+
+
+@contextlib.contextmanager
+def _after_runs(kept: str, todo: str) -> Iterator[None]:
+    """A step after the runs: its failure (a kvlab error or a file error) becomes one line that says the runs are
+    kept and what to change (``todo``)."""
+    try:
+        yield
+    except (KvlabError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise
+        raise ConfigError(f"{kept}; then: {' '.join(str(exc).split())}; {todo}") from None
+
+
+def _print_table(table, experiment) -> None:  # noqa: ANN001 - a DataFrame, an Experiment
+    from kvlab.cli_replay import print_summary
+
     axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
                                                                                     "cache.capacity_blocks")]
     if experiment.driver != "replay":  # latencies of the serving simulator or the engine
         axes += ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
     print_summary(table.to_dict("records"), extra=axes + ["hit_rate_ci"])
-    print(f"results written to {folder}")
-    if paired_policies is not None:
-        _print_paired(table, folder, experiment, *paired_policies)
-    if not args.no_figure:
-        _experiment_figure(table, experiment, folder, args.results)
-    return 0
 
 
 def _paired_arg(text: str | None, experiment) -> tuple[str, str] | None:  # noqa: ANN001 - an Experiment
@@ -48,7 +85,8 @@ def _paired_arg(text: str | None, experiment) -> tuple[str, str] | None:  # noqa
 
 
 def _with_intervals(table, experiment, folder: Path):  # noqa: ANN001, ANN202 - DataFrames, an Experiment
-    """The table with each run's post-warm-up hit rate and its batch-means interval (``hit_rate_ci`` as text)."""
+    """The table with each run's post-warm-up hit rate and its batch-means interval (``hit_rate_ci`` as text);
+    a note when a run has fewer warmed requests than ``analysis.windows`` (its interval uses fewer windows)."""
     from kvlab.analysis.runs import run_intervals
 
     if table.empty:
@@ -60,6 +98,13 @@ def _with_intervals(table, experiment, folder: Path):  # noqa: ANN001, ANN202 - 
     a = experiment.analysis
     print(f"hit_rate_ci: {level} batch-means interval of the token hit rate over {a.windows} windows after a "
           f"warm-up of {a.warmup_requests} requests / {a.warmup_seconds:g} s (docs/statistics.md)")
+    fewer = table[table["ci_windows"] < a.windows]
+    if len(fewer):
+        least = int(fewer["warmed_requests"].min())
+        print(f"note: {len(fewer)} of {len(table)} runs have fewer requests after the warm-up than analysis.windows "
+              f"({a.windows}; fewest: {least}): their intervals use one window per request "
+              f"({', '.join(map(str, sorted({int(n) for n in fewer['ci_windows']})))} windows; a run with fewer than "
+              "2 has none: '-'); a longer trace (trace.limit) or fewer analysis.windows gives steadier intervals")
     return table
 
 
@@ -79,30 +124,70 @@ def _print_paired(table, folder: Path, experiment, a: str, b: str) -> None:  # n
 LOAD_AXES = ("simulate.rate", "simulate.time_scale")
 
 
-def _experiment_figure(table, experiment, folder: Path, results: Path) -> None:  # noqa: ANN001
-    """The experiment's figures: TTFT vs load (a simulator experiment with a load axis), else hit rate vs
-    capacity (a capacity axis); one figure per value of every other sweep axis (policies are the lines,
-    replicate axes the bands), named ``<kind>`` or ``<kind>--<axis>-<value>...``."""
+def _figure_kinds(experiment, has_rate: bool | None) -> list[tuple[str, list[str]]]:  # noqa: ANN001
+    """``(kind, x axes)`` of the experiment's figure: TTFT vs load (a simulator experiment with a load axis whose
+    table has ``rate``), else hit rate vs capacity (a capacity axis), else none. ``has_rate`` None (before the
+    runs): both candidates."""
+    axes = {**experiment.sweep.grid, **experiment.sweep.zip}
+    load = experiment.driver == "simulate" and any(k in axes for k in LOAD_AXES)
+    out = []
+    if load and has_rate is not False:
+        out.append(("ttft_vs_load", [k for k in LOAD_AXES if k in axes]))
+    if any(k.startswith("cache.capacity_") for k in axes) and not (load and has_rate):
+        out.append(("hit_rate_vs_capacity", [k for k in axes if k.startswith("cache.capacity_")]))
+    return out
+
+
+def _figure_parts(experiment, table, kind: str, x: list[str]) -> list[tuple[str, str, object]]:  # noqa: ANN001
+    """``(file name, subtitle, rows)`` per figure of ``kind``: one per value of every sweep axis but ``x``, the
+    policy and the replicate axes, named ``<kind>`` or ``<kind>--<axis>-<value>...`` (a safe name)."""
     from kvlab.analysis.runs import REPLICATE
-    from kvlab.plots.figures import figure_from_experiment
     from kvlab.results import safe_name
 
     axes = {**experiment.sweep.grid, **experiment.sweep.zip}
-    if experiment.driver == "simulate" and any(k in axes for k in LOAD_AXES) and "rate" in table:
-        kind, x = "ttft_vs_load", [k for k in LOAD_AXES if k in axes]
-    elif any(k.startswith("cache.capacity_") for k in axes):
-        kind, x = "hit_rate_vs_capacity", [k for k in axes if k.startswith("cache.capacity_")]
-    else:
-        return
     facets = [k for k in axes if k not in (*x, "cache.policy", *REPLICATE)]
     groups = table.groupby([table[k].astype(str) for k in facets], sort=False) if facets else [((), table)]
+    out = []
     for values, part in groups:
         values = values if isinstance(values, tuple) else (values,)
         shown = [(k, Path(v).stem if "/" in v else v) for k, v in zip(facets, values, strict=True)]
-        name = kind + "".join(f"--{k}-{v}" for k, v in shown)
-        paths = figure_from_experiment(part, kind, folder=folder, results=results, spec=experiment.analysis,
-                                       name=safe_name(name), subtitle=", ".join(f"{k} = {v}" for k, v in shown))
-        print(f"figure: {paths[0].with_suffix('.{png,pdf,parquet,json}')}")
+        out.append((safe_name(kind + "".join(f"--{k}-{v}" for k, v in shown)),
+                    ", ".join(f"{k} = {v}" for k, v in shown), part))
+    return out
+
+
+def _check_figure_folder(experiment, planned: list, results: Path) -> None:  # noqa: ANN001
+    """Before the runs: the figures folder ``RESULTS/figures/<name>/`` and every figure file kvlab run will
+    write there (:func:`kvlab.results.owned.check_folder`): a file or a foreign folder on the way, or a file
+    kvlab did not write under one of those names, is refused now (ResultsLocationError), not after the runs."""
+    import pandas as pd
+
+    from kvlab.errors import ResultsLocationError
+    from kvlab.experiment.runner import flat_columns
+    from kvlab.plots.figures import experiment_figure_folder, figure_files
+    from kvlab.results.owned import check_folder
+
+    frame = pd.DataFrame([flat_columns(p.point, p.run) for p in planned])
+    names = [f for kind, x in _figure_kinds(experiment, None) for name, _, _ in
+             _figure_parts(experiment, frame, kind, x) for f in figure_files(name)]
+    if not names:
+        return
+    try:
+        check_folder(experiment_figure_folder(results, experiment.name), names=names)
+    except ResultsLocationError as exc:
+        raise ResultsLocationError(f"the experiment's figures (--no-figure writes none): {exc}") from None
+
+
+def _experiment_figure(table, experiment, folder: Path, results: Path) -> None:  # noqa: ANN001
+    """The experiment's figures (:func:`_figure_kinds`, :func:`_figure_parts`): policies are the lines, replicate
+    axes the bands."""
+    from kvlab.plots.figures import figure_from_experiment
+
+    for kind, x in _figure_kinds(experiment, "rate" in table):
+        for name, subtitle, part in _figure_parts(experiment, table, kind, x):
+            paths = figure_from_experiment(part, kind, folder=folder, results=results, spec=experiment.analysis,
+                                           name=name, subtitle=subtitle)
+            print(f"figure: {paths[0].with_suffix('.{png,pdf,parquet,json}')}")
 
 
 __all__ = ["cmd_run"]

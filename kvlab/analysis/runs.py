@@ -94,6 +94,14 @@ def _available(requests: pd.DataFrame, metric: str) -> bool:
     return metric not in LATENCY_STATS or LATENCY_STATS[metric][0] in requests
 
 
+def fitted_windows(warmed: int, spec: AnalysisSpec) -> int:
+    """The batch-means windows a run with ``warmed`` post-warm-up requests gets: ``spec.windows``, or one per
+    request when it has fewer (a small workload's interval degrades to fewer, shorter windows instead of
+    failing); 0 when fewer than 2 requests are left (no interval: NaN bounds)."""
+    n = min(spec.windows, warmed)
+    return n if n >= 2 else 0
+
+
 def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec | None = None, *,
                   metrics: Sequence[str] = HEADLINE, results: str | os.PathLike = "results",
                   folder: str | os.PathLike | None = None) -> pd.DataFrame:
@@ -101,6 +109,10 @@ def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec |
     and ``<metric>_lag1`` (NaN where a run's requests cannot give the metric, e.g. TTFT of a replay), and
     ``warmed_requests``, ``warmup_requests``, ``warmup_seconds``, ``ci_windows``, ``ci_level`` (a table that
     already has some of these columns gets them recomputed with ``spec``).
+
+    ``ci_windows`` is the windows each run's interval used (:func:`fitted_windows`): ``spec.windows``, fewer
+    when the run has fewer warmed requests than that (one request per window), 0 (NaN bounds, and a NaN
+    ``<metric>_warmed`` with no warmed request) when fewer than 2 are left.
 
     ``source``: ``kvlab.results.load``'s table (its results folder: ``folder``, else ``results/<experiment>``)
     or an experiment name, folder or YAML file. ``spec``: default the table's ``analysis.*`` columns.
@@ -113,21 +125,26 @@ def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec |
     for rid in table["run_id"]:
         requests = run_requests(path, rid)
         warmed = after_warmup(requests, **spec.warmup())
-        row: dict = {"warmed_requests": len(warmed)}
+        n_windows = fitted_windows(len(warmed), spec)
+        row: dict = {"warmed_requests": len(warmed), "ci_windows": n_windows}
         for m in metrics:
             if not _available(requests, m):
                 row.update({f"{m}_warmed": math.nan, f"{m}_ci_low": math.nan, f"{m}_ci_high": math.nan,
                             f"{m}_lag1": math.nan})
                 continue
-            interval = batch_means(requests, m, n_batches=spec.windows, level=spec.confidence, **spec.warmup())
-            row.update({f"{m}_warmed": metric_function(m)[1](warmed), f"{m}_ci_low": interval.low,
-                        f"{m}_ci_high": interval.high, f"{m}_lag1": lag1_autocorrelation(interval.replicates)})
+            value = metric_function(m)[1](warmed) if len(warmed) else math.nan
+            if not n_windows:
+                row.update({f"{m}_warmed": value, f"{m}_ci_low": math.nan, f"{m}_ci_high": math.nan,
+                            f"{m}_lag1": math.nan})
+                continue
+            interval = batch_means(requests, m, n_batches=n_windows, level=spec.confidence, **spec.warmup())
+            row.update({f"{m}_warmed": value, f"{m}_ci_low": interval.low, f"{m}_ci_high": interval.high,
+                        f"{m}_lag1": lag1_autocorrelation(interval.replicates)})
         rows.append(row)
     added = pd.DataFrame(rows, index=table.index)
     out = pd.concat([table.drop(columns=[c for c in added if c in table]), added], axis=1)  # recomputed: replaced
     out["warmup_requests"] = spec.warmup_requests
     out["warmup_seconds"] = spec.warmup_seconds
-    out["ci_windows"] = spec.windows
     out["ci_level"] = spec.confidence
     return out
 
@@ -173,7 +190,8 @@ def paired(source: pd.DataFrame | str | os.PathLike, a: object, b: object, *, co
     Runs match when they agree on ``by`` (default: every config column but ``column``, so replicates pair
     with the replicate of the same seed). One row per point: the ``by`` columns that vary in the table, ``a``,
     ``b``, ``metric``, ``estimate`` (mean of the window differences), ``low``, ``high``, ``level``, ``n``
-    (windows), ``lag1`` (lag-1 autocorrelation of the differences), ``run_a``, ``run_b``.
+    (windows: ``spec.windows``, fewer when the runs have fewer warmed requests, :func:`fitted_windows`; 0 and NaN
+    bounds with fewer than 2), ``lag1`` (lag-1 autocorrelation of the differences), ``run_a``, ``run_b``.
     """
     table, path = table_and_folder(source, results, folder)
     spec = spec_of(table, spec)
@@ -200,12 +218,19 @@ def paired(source: pd.DataFrame | str | os.PathLike, a: object, b: object, *, co
     rows, cache = [], {}
     for point in common:
         ra, rb = side["a"][point], side["b"][point]
-        interval = paired_batch_means(run_requests(path, ra["run_id"], cache), run_requests(path, rb["run_id"], cache),
-                                      metric, n_batches=spec.windows, level=spec.confidence, **spec.warmup())
-        rows.append({**{k: ra[k] for k in shown}, "a": a, "b": b, **interval.as_row(),
-                     "lag1": lag1_autocorrelation(interval.replicates), "run_a": ra["run_id"], "run_b": rb["run_id"]})
+        frames = [run_requests(path, r["run_id"], cache) for r in (ra, rb)]
+        n_windows = fitted_windows(min(len(after_warmup(f, **spec.warmup())) for f in frames), spec)
+        if n_windows:
+            interval = paired_batch_means(*frames, metric, n_batches=n_windows, level=spec.confidence,
+                                          **spec.warmup())
+            found = {**interval.as_row(), "lag1": lag1_autocorrelation(interval.replicates)}
+        else:
+            found = {"metric": metric_function(metric)[0], "method": "paired_batch_means", "estimate": math.nan,
+                     "low": math.nan, "high": math.nan, "level": spec.confidence, "n": 0, "lag1": math.nan}
+        rows.append({**{k: ra[k] for k in shown}, "a": a, "b": b, **found, "run_a": ra["run_id"],
+                     "run_b": rb["run_id"]})
     return pd.DataFrame(rows)
 
 
-__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "paired",
+__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "fitted_windows", "paired",
            "replicate_intervals", "run_intervals", "run_requests", "table_and_folder"]

@@ -24,7 +24,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvlab.errors import ConfigError
-from kvlab.experiment.config import Experiment, load_experiment
+from kvlab.experiment.config import MAX_POINTS, Experiment, check_size, load_experiment
+from kvlab.experiment.drivers import workload_of
 from kvlab.experiment.runner import PlannedRun, execute, execute_group, experiment_folder, groups, load, plan
 from kvlab.results import check_output_location
 from kvlab.results.runs import RUNS
@@ -46,6 +47,9 @@ def run_experiment(
     resume: bool = True,
     progress: bool = True,
     on_run: Callable[[PlannedRun, str], None] | None = None,
+    max_points: int = MAX_POINTS,
+    allow_redefine: bool = False,
+    before_runs: Callable[[list[PlannedRun]], None] | None = None,
 ) -> pd.DataFrame:
     """Run every point of ``experiment`` (an :class:`Experiment` or a YAML path) into
     ``results/<name>/`` and return one row per point, in sweep order (config fields as dotted columns, then
@@ -55,7 +59,18 @@ def run_experiment(
     ``backend="local"``: ``workers`` (default 1) > 1 is a process pool of that size. ``backend="ray"``
     (:mod:`kvlab.experiment.ray_backend`): runs are Ray tasks and this process writes their results;
     ``address`` None starts a local Ray instance of ``workers`` CPUs (default: every core), ``"auto"`` or
-    ``host:port`` joins a cluster. The results are the same files either way (but host and times)."""
+    ``host:port`` joins a cluster. The results are the same files either way (but host and times).
+
+    Checked before anything is written (ConfigError / ResultsLocationError, one line): the sweep's size
+    (``max_points``, default :data:`~kvlab.experiment.config.MAX_POINTS`, counted before the points are made),
+    the results folder (this experiment's, and this definition's unless ``allow_redefine``:
+    :func:`~kvlab.experiment.checks.check_definition`), every run's config, the ``analysis:`` warm-up against
+    each run's requests (:func:`~kvlab.experiment.checks.check_analysis`), then ``before_runs(plan)`` (a
+    caller's own checks, e.g. kvlab run's figures folder). The experiment's definition hash is recorded in the
+    folder's manifest and in each run's. ``sweep.parquet`` is rebuilt at the end even when every run was
+    already complete (a damaged table is replaced from the runs)."""
+    from kvlab.experiment.checks import check_analysis, check_definition
+    from kvlab.experiment.definition import record
     from kvlab.sweep import prepare_folder, rebuild_table
 
     if backend not in BACKENDS:
@@ -74,46 +89,54 @@ def run_experiment(
     if not isinstance(experiment, Experiment):
         source = str(experiment)
         experiment = load_experiment(experiment)
+    check_size(experiment.sweep, max_points, source)  # counted before anything is read or expanded
     folder = experiment_folder(experiment, results)
-    check_output_location(folder, "sweep")  # before any trace is read
-    planned = plan(experiment, source)
-    folder = prepare_folder(folder, "sweep")
+    check_output_location(folder, "sweep", experiment=True)  # before any trace is read; no replay sweep's folder
+    entry = record(experiment)
+    check_definition(folder, entry, allow_redefine=allow_redefine)
+    planned = plan(experiment, source, max_points=max_points)
+    check_analysis(experiment, {p.run_id: len(workload_of(p.run)) for p in planned}, source)
+    if before_runs is not None:
+        before_runs(planned)
+    folder = prepare_folder(folder, "sweep", experiment=entry)
     (folder / RUNS).mkdir(exist_ok=True)
     unique = list({p.run_id: p for p in planned}.values())
     bar = tqdm(total=len(unique), disable=not progress, desc=f"run {experiment.name}", unit="run")
 
-    table = {"stale": False, "at": time.monotonic()}  # runs written since the table was rebuilt; when
+    table = {"at": time.monotonic()}  # when the table was last rebuilt
 
     def finished(p: PlannedRun, status: str) -> None:
-        if status == "done":
-            table["stale"] = True
-            if time.monotonic() - table["at"] >= TABLE_INTERVAL_S:
-                rebuild_table(folder)
-                table.update(stale=False, at=time.monotonic())
+        if status == "done" and time.monotonic() - table["at"] >= TABLE_INTERVAL_S:
+            rebuild_table(folder, experiment=entry)
+            table["at"] = time.monotonic()
         bar.set_postfix_str(f"{p.run.cache.policy} {status}", refresh=False)
         bar.update(1)
         if on_run is not None:
             on_run(p, status)
 
+    definition = entry["definition"]
     try:
         if backend == "ray":
             from kvlab.experiment.ray_backend import run_on_ray
 
-            run_on_ray(folder, unique, workers=workers, address=address, resume=resume, finished=finished)
+            run_on_ray(folder, unique, workers=workers, address=address, resume=resume, finished=finished,
+                       definition=definition)
         else:
-            run_locally(folder, unique, workers=workers or 1, resume=resume, finished=finished)
+            run_locally(folder, unique, workers=workers or 1, resume=resume, finished=finished, definition=definition)
     finally:
         bar.close()
-        if table["stale"]:  # also after an error or Ctrl-C: the table holds every run written
-            rebuild_table(folder)
+        # always (also after an error or Ctrl-C, and when every run was already complete): the table holds every
+        # run written, and a table damaged since it was written (truncated, corrupt) is replaced
+        rebuild_table(folder, experiment=entry)
     return load(folder, planned)
 
 
 def run_locally(folder: Path, unique: list[PlannedRun], *, workers: int, resume: bool,
-                finished: Callable[[PlannedRun, str], None]) -> None:
+                finished: Callable[[PlannedRun, str], None], definition: str | None = None) -> None:
     """The local backend: :func:`execute` of each run, in this process (``workers`` 1) or in a pool of
-    ``workers`` processes (tasks: :func:`groups`); ``finished(run, status)`` after each, in this process."""
-    jobs = [(str(folder), p.run.model_dump(mode="python"), p.point, p.run_id, resume) for p in unique]
+    ``workers`` processes (tasks: :func:`groups`); ``finished(run, status)`` after each, in this process;
+    ``definition``: the experiment's definition hash, recorded in each run's manifest."""
+    jobs = [(str(folder), p.run.model_dump(mode="python"), p.point, p.run_id, resume, definition) for p in unique]
     if workers == 1 or len(unique) <= 1:
         for p, job in zip(unique, jobs, strict=True):
             finished(p, execute(*job))

@@ -109,10 +109,11 @@ def compute_group(workload: Workload, jobs: list[tuple[dict, dict, str]], comman
 
 
 def run_on_ray(folder: Path, unique: list[PlannedRun], *, workers: int | None, address: str | None, resume: bool,
-               finished: Callable[[PlannedRun, str], None]) -> None:
+               finished: Callable[[PlannedRun, str], None], definition: str | None = None) -> None:
     """Make every run of ``unique`` (distinct run ids, planned by this process) complete in ``folder``;
     ``finished(run, "skipped" | "done")`` after each, in this process. ``workers``: CPUs of a local instance,
-    and the parallelism the runs are grouped for (default: the cluster's CPUs)."""
+    and the parallelism the runs are grouped for (default: the cluster's CPUs); ``definition``: the experiment's
+    definition hash, recorded in each run's manifest (:func:`~kvlab.experiment.runner.write_run`)."""
     with connected(address, workers) as ray, ExitStack() as held:
         slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=1)(compute_group)
@@ -133,12 +134,13 @@ def run_on_ray(folder: Path, unique: list[PlannedRun], *, workers: int | None, a
                     finished(p, "skipped")
                 else:
                     claimed.append((p, lock))
-            _compute_and_write(ray, task, folder, claimed, slots, traces, finished)
+            _compute_and_write(ray, task, folder, claimed, slots, traces, finished, definition)
             pending = deferred
 
 
 def _compute_and_write(ray: ModuleType, task: object, folder: Path, claimed: list[tuple[PlannedRun, ExitStack]],
-                       slots: int, traces: dict[str, object], finished: Callable[[PlannedRun, str], None]) -> None:
+                       slots: int, traces: dict[str, object], finished: Callable[[PlannedRun, str], None],
+                       definition: str | None = None) -> None:
     """Dispatch the claimed runs (their locks held) in groups, write each group's outputs as it returns and
     release the runs' locks. On an error or Ctrl-C the outstanding tasks are cancelled (they write nothing)."""
     if not claimed:
@@ -158,7 +160,7 @@ def _compute_and_write(ray: ModuleType, task: object, folder: Path, claimed: lis
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
                 for (p, lock), output in zip(futures[ref], _result(ray, ref), strict=True):
-                    write_run(folder, output)
+                    write_run(folder, output, definition)
                     lock.close()
                     finished(p, "done")
     except BaseException:

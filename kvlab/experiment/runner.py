@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvlab.errors import ConfigError, ResultsError
-from kvlab.experiment.config import Experiment, expand
+from kvlab.experiment.config import MAX_POINTS, Experiment, expand
 from kvlab.experiment.drivers import compute, identity_of, workload_of
 from kvlab.results import checkpoint, locked, run_id, write_results
 from kvlab.results.runs import LOCKS, RUNS, SCANNER, load_runs
@@ -90,8 +90,12 @@ def compute_run(run: Experiment, point: dict, run_dir: Path, workload: Workload)
     return RunOutput(rid, tables, summary, manifest)
 
 
-def write_run(folder: Path, output: RunOutput) -> None:
-    """Write a computed run to ``folder/runs/<run_id>/`` atomically (the caller holds the run's lock)."""
+def write_run(folder: Path, output: RunOutput, definition: str | None = None) -> None:
+    """Write a computed run to ``folder/runs/<run_id>/`` atomically (the caller holds the run's lock);
+    ``definition``: the experiment's definition hash (kvlab.experiment.definition), recorded in the manifest's
+    ``experiment`` entry."""
+    if definition is not None:
+        output.manifest["experiment"] = {**output.manifest["experiment"], "definition": definition}
     write_results(folder / RUNS / output.run_id, output.tables, output.summary, output.manifest)
     checkpoint("between-runs")
 
@@ -107,9 +111,10 @@ def run_lock(folder: Path, rid: str, *, blocking: bool = True):  # noqa: ANN201 
     return locked(folder / LOCKS / f"{rid}.lock", blocking=blocking)
 
 
-def execute(out: str, run_dict: dict, point: dict, rid: str, resume: bool) -> str:
+def execute(out: str, run_dict: dict, point: dict, rid: str, resume: bool, definition: str | None = None) -> str:
     """Make run ``rid`` of folder ``out`` complete: ``"skipped"`` if it already was, ``"done"`` after computing
-    and writing it (under its lock: one process computes a run, others wait and then skip it)."""
+    and writing it (under its lock: one process computes a run, others wait and then skip it); ``definition``:
+    as :func:`write_run`'s."""
     folder = Path(out)
     run = Experiment(**run_dict)
     if resume and is_done(folder, rid):
@@ -117,7 +122,7 @@ def execute(out: str, run_dict: dict, point: dict, rid: str, resume: bool) -> st
     with run_lock(folder, rid):
         if resume and is_done(folder, rid):
             return "skipped"
-        write_run(folder, compute_run(run, point, folder / RUNS / rid, workload_of(run)))
+        write_run(folder, compute_run(run, point, folder / RUNS / rid, workload_of(run)), definition)
     return "done"
 
 
@@ -129,10 +134,11 @@ class PlannedRun:
     run_id: str
 
 
-def plan(experiment: Experiment, source: str | None = None) -> list[PlannedRun]:
-    """Every point of the experiment with its run id; every config checked (traces loaded once)."""
+def plan(experiment: Experiment, source: str | None = None, *, max_points: int = MAX_POINTS) -> list[PlannedRun]:
+    """Every point of the experiment with its run id; every config checked (traces loaded once). The points are
+    counted before any is made (more than ``max_points``: ConfigError naming ``sweep.grid``)."""
     out = []
-    for point, run in expand(experiment, source):
+    for point, run in expand(experiment, source, max_points=max_points):
         try:
             rid = run_id(identity_of(run, workload_of(run)))
         except ConfigError as exc:
