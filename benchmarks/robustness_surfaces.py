@@ -413,6 +413,10 @@ def _register_experiment() -> None:
              "experiment (documented as refused)",
              exp_yaml(cache="{capacity_blocks: 300, policy: lru, tiers: [{name: dram, capacity_blocks: 100, "
                             "chunk_blocks: 4, write: write_back}]}"), names=["dram", "chunk"])
+    exp_case("exp.tier-write-back-below-chunk2", "cache.tiers: a write_back tier below a chunk_blocks 2 tier",
+             exp_yaml(cache="{capacity_blocks: 300, policy: lru, tiers: [{name: a, capacity_blocks: 100, "
+                            "chunk_blocks: 2}, {name: b, capacity_blocks: 100, write: write_back}]}"),
+             names=["'b'", "chunk"])
     exp_case("exp.tier-chunk4-write-back-python", "the same experiment tier on the Python backend",
              exp_yaml(cache="{capacity_blocks: 300, policy: lru, backend: python, tiers: [{name: dram, "
                             "capacity_blocks: 100, chunk_blocks: 4, write: write_back}]}"), names=["dram", "chunk"])
@@ -598,6 +602,17 @@ def _register_simulator() -> None:
                 _cli_error_fn([*SIM_MC300, "--tier", "dram:gib=64:link=pcie5_x16", "--prefetch-timeout-s", "5",
                                "--out", "s06"], ["--prefetch-timeout-s", "--tier-prefetch"], ("mc300",)))
 
+    def hardware_nan(ctx: Any) -> Any:
+        use(ctx, "mc300")
+        profile = json.loads((rb.REPO / "kvlab" / "data" / "hardware" / "h100.json").read_text())
+        ctx.write("hw.json", json.dumps({**profile, "name": "nanhw", "memory_efficiency": float("nan")}))
+        run = ctx.run("simulate", "mc300.jsonl", "--model", "llama-3-8b", "--hardware", "hw.json", "--limit", "100",
+                      "--quiet", "--out", "s02")
+        return rb.judge_error(run, ["hw.json", "memory_efficiency"])
+
+    rb.register(SF, "sim.hardware-profile-nan", "a hardware profile JSON with memory_efficiency NaN: refused naming "
+                "the file and the field", hardware_nan)
+
     def rate_minus_inf(ctx: Any) -> Any:
         use(ctx, "mc300")
         return rb.judge_error(ctx.run(*SIM_MC300, "--rate", "-inf"), ["--rate"], range_hint=True)
@@ -732,15 +747,16 @@ def _register_figures() -> None:
 
 
 # ------------------------------------------------------------------------------------------ result tables
-KEXP = exp_yaml(name="kexp", extra=_grid({"cache.capacity_blocks": [50, 100, 200, 300]}))
-
-
 def _kexp(ctx: Any, dest: str) -> Path:
-    """A copy of a complete 4-run experiment 'kexp' (mc300, LRU at 50-300 blocks) as ``dest/kexp``."""
+    """A copy of a complete 4-run experiment 'kexp' (LRU at 50-300 blocks) as ``dest/kexp``, with its file
+    ``kexp.yaml`` and ``mc300.jsonl`` in the case's folder. The file names the trace by its absolute path in the
+    shared inputs, so the copy is the same definition as the original."""
 
     def build(c: Any, folder: Path) -> Any:
         shutil.copyfile(_make_inputs(c) / "mc300.jsonl", folder / "mc300.jsonl")
-        (folder / "kexp.yaml").write_text(KEXP)
+        (folder / "kexp.yaml").write_text(exp_yaml(
+            name="kexp", trace=f"{{path: {_make_inputs(c) / 'mc300.jsonl'}}}",
+            extra=_grid({"cache.capacity_blocks": [50, 100, 200, 300]})))
         return c.finish(c.runner.start(["run", "kexp.yaml", "--results", "res", "--quiet", "--no-figure"],
                                        cwd=folder))
 
@@ -829,6 +845,17 @@ def _register_results() -> None:
         run = ctx.run("run", "kexp.yaml", "--results", "c4", "--quiet", "--no-figure")
         return rb.judge_ok(run, lambda: rb.same_table(rb.read_table(exp / "sweep.parquet"), want))
 
+    def foreign_run(ctx: Any) -> Any:
+        exp = _kexp(ctx, "c1")
+        first = ctx.run("replay", "mc300.jsonl", "--capacity-blocks", "150", "--quiet", "--out", "r1")
+        if first.rc != 0:
+            return rb.failure_of(first, "the replay")
+        run_id = rb.read_json(ctx.path("r1/manifest.json"))["run_id"]
+        shutil.copytree(ctx.path("r1"), exp / "runs" / run_id)
+        return _load_verdict(ctx, "kexp", [run_id[:8]], results="c1")
+
+    rb.register(RT, "res.load-foreign-replay-run", "load() of an experiment folder holding a run kvlab replay wrote "
+                "(copied in by hand): a ResultsWarning naming it (strict=True: ResultsError)", foreign_run, weight=2)
     rb.register(RT, "res.resume-rebuilds-corrupt-sweep", "TSV#37: kvlab run resumed (every run complete) over a "
                 "truncated sweep.parquet: the table is rebuilt", corrupt_sweep, weight=2)
 
