@@ -403,15 +403,17 @@ def download(
     """Path of public trace ``name``: a local copy if one exists (module docstring), else downloaded.
 
     ``force=True`` skips the local search and re-downloads into the cache. A cache folder that is a file is
-    refused first (:func:`check_cache_dir`).
+    refused (:func:`check_cache_dir`): a given ``cache_dir`` (``--cache-dir``) first of all, ``$KVLAB_CACHE`` or
+    the default before a download (a local copy found elsewhere does not need it).
     """
     entry = _entry(name)
-    check_cache_dir(cache_dir)
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)
     if not force:
         local = find_local(name, cache=cache_dir)
         if local is not None:
             return local
-    dest = trace_cache_dir(cache_dir) / entry["filename"]
+    dest = check_cache_dir(cache_dir) / entry["filename"]
     path, digest = _fetch(
         entry["url"],
         dest,
