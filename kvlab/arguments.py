@@ -9,7 +9,9 @@ never in an ``AttributeError`` deep inside. Invariants:
 * an integer argument is an ``int`` (numpy integers too), never a ``bool``, a ``str`` or a float
   (:func:`require_ints`, :func:`require_int_list`); its range is the schema's annotation (one definition of
   every bound) or the caller's;
-* a real argument is a finite ``int`` or ``float`` (:func:`require_real`), never a ``bool`` or ``str``.
+* a real argument is a finite ``int`` or ``float`` (:func:`require_real`), never a ``bool`` or ``str``;
+* text is a ``str`` of valid Unicode (:func:`require_text`): a lone surrogate is refused naming the field and
+  the character, never a raw ``UnicodeEncodeError`` from a tokenizer.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ def kind_of(value: Any) -> str:
         text = os.fspath(value)
         shown = text if len(text) <= 60 else text[:57] + "..."
         return f"a {'path' if isinstance(value, os.PathLike) else 'str'} ({shown!r})"
-    name = type(value).__name__
+    return _a(type(value).__name__)
+
+
+def _a(name: str) -> str:
+    """``name`` with its indefinite article (``a dict``, ``an Engine``)."""
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
@@ -48,7 +54,7 @@ def require_instance(value: Any, cls: type[T], argument: str, *, optional: bool 
     if isinstance(value, cls) or (optional and value is None):
         return value
     more = f"; {hint}" if hint else ""
-    raise ConfigError(f"{argument}: expected a {cls.__name__}{' or None' if optional else ''}, "
+    raise ConfigError(f"{argument}: expected {_a(cls.__name__)}{' or None' if optional else ''}, "
                       f"got {kind_of(value)}{more}")
 
 
@@ -85,4 +91,29 @@ def require_int_list(function: str, name: str, values: Any) -> np.ndarray:
     return np.asarray(items, dtype=np.int64)
 
 
-__all__ = ["kind_of", "require_instance", "require_int_list", "require_ints", "require_real"]
+def unicode_problem(text: str) -> str | None:
+    """What makes ``text`` invalid Unicode (a lone surrogate, which UTF-8 cannot encode), or None when it is
+    valid. JSON ``"\\ud800"`` escapes and ``surrogateescape`` decoding are where such text comes from."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}; "
+                "text must be valid Unicode")
+    return None
+
+
+def require_text(value: Any, field: str) -> str:
+    """``value`` if it is a ``str`` of valid Unicode (:func:`unicode_problem`); ConfigError naming ``field``
+    otherwise (e.g. ``messages[0].content: holds a lone surrogate (U+D800) at character 5; ...``)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{field}: expected text (a str), got {kind_of(value)}")
+    problem = unicode_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{field}: {problem}")
+    return value
+
+
+__all__ = ["kind_of", "require_instance", "require_int_list", "require_ints", "require_real", "require_text",
+           "unicode_problem"]

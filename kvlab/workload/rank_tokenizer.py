@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ConfigError
+from kvlab.inputs import regular_file
 from kvlab.workload._common import atomic_open, read_trace_bytes
 
 CL100K_PATTERN = (
@@ -95,6 +96,18 @@ def read_tekken(path: str | os.PathLike) -> tuple[dict[bytes, int], str, dict[st
     return ranks, pattern, specials
 
 
+def check_ranks(ranks: dict[bytes, int], path: str | os.PathLike) -> None:
+    """ConfigError naming ``path`` unless ``ranks`` is a usable byte-level vocabulary: not empty, and every one
+    of the 256 single bytes a token (byte-level BPE builds every text from them; without one, the text holding
+    that byte loses it silently). Real rank files (cl100k, o200k, Llama-3, Tekken) hold all 256."""
+    if not ranks:
+        raise ConfigError(f"{path}: holds no token ranks; an empty vocabulary encodes every text to nothing")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ConfigError(f"{path}: the vocabulary lacks {len(missing)} of the 256 single bytes (first: "
+                          f"{bytes([missing[0]])!r}); a byte-level vocabulary needs all of them to encode any text")
+
+
 def tokenizer_from_ranks(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int] | None = None) -> Any:
     """A byte-level ``tokenizers.Tokenizer`` equivalent to rank-based BPE with ``ranks`` and split ``pattern``.
 
@@ -141,8 +154,11 @@ def rank_file_tokenizer(
     sha256 of the file, pattern and special tokens."""
     from tokenizers import Tokenizer
 
-    p = Path(path)
+    p = regular_file(path, "tokenizer file")  # a FIFO or device is refused before it is opened
     data = read_trace_bytes(p)
+    if not data.strip():
+        raise ConfigError(f"{p}: the tokenizer file is empty (no token ranks); an empty vocabulary encodes every "
+                          "text to nothing")
     key = hashlib.sha256(data)
     key.update(json.dumps([pattern, sorted((special_tokens or {}).items())]).encode())
     folder = Path(cache_dir)
@@ -154,6 +170,7 @@ def rank_file_tokenizer(
         specials = {**specials, **(special_tokens or {})}
     else:
         ranks, file_pattern, specials = read_tiktoken(p), CL100K_PATTERN, dict(special_tokens or {})
+    check_ranks(ranks, p)
     tok = tokenizer_from_ranks(ranks, pattern or file_pattern, specials)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_open(out, "w", encoding="utf-8") as f:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kvlab.arguments import kind_of, require_instance, require_text
 from kvlab.errors import ConfigError
 from kvlab.workload._common import csr
 from kvlab.workload.segments import Segment, Segments, kind_code
@@ -71,11 +72,25 @@ class RenderedPrompt:
 
 
 def _parts(messages: Sequence[Message]) -> list[Part]:
+    """Every part in order; ConfigError naming ``messages[k]`` for a wrong type, an unknown kind or text that is
+    not valid Unicode (a lone surrogate: ``messages[k].content: holds a lone surrogate (U+D800) at character
+    5; ...``, the character counted in the message's content)."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise ConfigError(f"messages: expected a list of Message, got {kind_of(messages)}")
     out = []
     for k, m in enumerate(messages):
-        for p in m.parts:
-            kind_code(p.kind, f"message {k} ({m.role})")
-            out.append(p)
+        require_instance(m, Message, f"messages[{k}]")
+        require_text(m.role, f"messages[{k}].role")
+        if isinstance(m.parts, str | bytes) or not isinstance(m.parts, Sequence):
+            raise ConfigError(f"messages[{k}].parts: expected a tuple of Part, got {kind_of(m.parts)}")
+        for j, p in enumerate(m.parts):
+            if not isinstance(p, tuple) or len(p) != 2:
+                raise ConfigError(f"messages[{k}].parts[{j}]: expected a Part(kind, text), got {kind_of(p)}")
+            kind_code(p.kind if isinstance(p, Part) else p[0], f"message {k} ({m.role})")
+            if not isinstance(p[1], str):
+                raise ConfigError(f"messages[{k}].parts[{j}].text: expected text (a str), got {kind_of(p[1])}")
+            out.append(Part(*p))
+        require_text(m.content, f"messages[{k}].content")
     return out
 
 
@@ -129,9 +144,11 @@ def render_prompt(
 ) -> RenderedPrompt:
     """Render, tokenise once and attribute tokens to segments (module docstring); ``date_string`` fixes the
     date a date-injecting template writes (default: the tokenizer's fixed date)."""
+    require_instance(tokenizer, TextTokenizer, "tokenizer",
+                     hint="load one with kvlab.workload.tokenizer.load_tokenizer(spec)")
+    parts = _parts(messages)
     if not messages:
         raise ConfigError("render_prompt: no messages")
-    parts = _parts(messages)
     kw = {"add_generation_prompt": add_generation_prompt, "date_string": date_string, **template_kwargs}
     text = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages], **kw)
     spans, dropped = _char_spans(tokenizer, messages, text, parts, kw)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import require_text
 from kvlab.errors import ConfigError
 
 SEGMENT_KINDS: tuple[str, ...] = ("system", "tools", "document", "history", "user", "volatile", "output")
@@ -82,6 +83,12 @@ class Segments:
         has = [t is not None for t in texts]
         if any(has) and not all(has):
             raise ConfigError("Segments: give a text for every segment or for none")
+        if any(has):  # texts are hashed and shown: valid Unicode only (a lone surrogate named by its segment)
+            k = 0
+            for i, r in enumerate(per_request):
+                for j in range(len(r)):
+                    require_text(texts[k], f"segments[{i}][{j}].text")
+                    k += 1
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         return cls(

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import require_text, unicode_problem
 from kvlab.errors import TraceFormatError
 from kvlab.workload._common import (
     Tokenizer,
@@ -62,9 +63,15 @@ class ByteTokenizer:
         return 256 + self.offset
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (``add_special_tokens`` is accepted for API parity and has no effect)."""
+        """Token ids of ``text`` (``add_special_tokens`` is accepted for API parity and has no effect); text with
+        a lone surrogate is one ConfigError (:func:`kvlab.arguments.require_text`)."""
         off = self.offset
-        return [b + off for b in text.encode("utf-8")]
+        try:
+            data = text.encode("utf-8")
+        except (UnicodeEncodeError, AttributeError):
+            require_text(text, "text")
+            raise
+        return [b + off for b in data]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Inverse of :meth:`encode` (invalid UTF-8 is replaced)."""
@@ -129,6 +136,14 @@ def _workload(
     )
 
 
+def _valid_text(path: str, line: int | None, field: str, text: str, where: str = "") -> None:
+    """TraceFormatError naming the file, line and field when ``text`` is not valid Unicode (a lone surrogate
+    from a ``"\\ud800"`` JSON escape): tokenizers cannot encode it."""
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise TraceFormatError(path, line, field, where + problem)
+
+
 def _load_json(path: Path) -> object:
     """One JSON document; unreadable files and invalid JSON are TraceFormatErrors naming the file."""
     return parse_json_text(str(path), None, read_trace_bytes(path))
@@ -149,6 +164,8 @@ def rag_prompts(
     (module docstring). Request ``i`` arrives at ``i * interval`` s; ``request_id`` is the file number;
     ``category`` is ``"rag"``; ``output_length`` is fixed (short extractive answers).
     """
+    if system_prompt is not None:
+        require_text(system_prompt, "system_prompt")
     root = Path(dir)
     folder = root / "inputs" if (root / "inputs").is_dir() else root
     numbered = (f for f in folder.glob("*.json") if f.stem.isascii() and f.stem.isdigit())
@@ -171,6 +188,7 @@ def rag_prompts(
         for key, piece in zip([*map(str, range(n_chunks)), "query"], pieces, strict=True):
             if type(piece) is not str:
                 raise TraceFormatError(str(f), None, key, f"expected a string, got {describe(piece)}")
+            _valid_text(str(f), None, key, piece)
         if system_prompt is not None:
             ids = build.start(system_prompt)
             rest = pieces
@@ -213,6 +231,8 @@ def mt_bench_sessions(
     and turn 2 ``turn_gap`` s later; rows are ordered by arrival. Columns: session = question_id, turn,
     parent, category = MT-Bench category; ``output_tokens`` only when ``answers_path`` is given.
     """
+    if system_prompt is not None:
+        require_text(system_prompt, "system_prompt")
     qpath = Path(path)
     if qpath.is_dir():
         qpath = qpath / "question.jsonl"
@@ -224,6 +244,8 @@ def mt_bench_sessions(
         turns = obj.get("turns")
         if type(turns) is not list or len(turns) < 2 or not all(type(t) is str for t in turns[:2]):
             raise TraceFormatError(p, ln, "turns", f"expected a list of >= 2 strings, got {describe(turns)}")
+        for j, t in enumerate(turns[:2]):
+            _valid_text(p, ln, f"turns[{j}]", t)
         questions.append((qid, cat, turns[:2]))
     answers: dict[int, list[str]] = {}
     files = [qpath]
@@ -237,6 +259,8 @@ def mt_bench_sessions(
             turns = choices[0].get("turns") if type(choices) is list and choices and type(choices[0]) is dict else None
             if type(turns) is not list or len(turns) < 2 or not all(type(t) is str for t in turns[:2]):
                 raise TraceFormatError(a, ln, "choices", "expected choices[0].turns: a list of >= 2 strings")
+            for j, t in enumerate(turns[:2]):
+                _valid_text(a, ln, f"choices[0].turns[{j}]", t)
             answers[qid] = turns[:2]
     build = _PromptBuilder(tokenizer)
     rows: list[tuple[float, int, int, int, str, list[int], list[int] | None]] = []
@@ -288,6 +312,8 @@ def sharegpt_first_turns(
     ``request_id`` is the item's index in the file; ``category`` is ``"sharegpt"``. ``limit`` keeps the
     first items only.
     """
+    if system_prompt is not None:
+        require_text(system_prompt, "system_prompt")
     path = Path(path)
     p = str(path)
     items = _load_json(path)
@@ -304,6 +330,7 @@ def sharegpt_first_turns(
             text = next((m.get("value") for m in conv if type(m) is dict and m.get("from") in ("human", "user")), None)
         if type(text) is not str:
             raise TraceFormatError(p, None, "conversations", f"item {i}: no human message with a string value")
+        _valid_text(p, None, "conversations", text, f"item {i}: ")
         if system_prompt is not None:
             ids = build.start(system_prompt) + build.more(USER_PREFIX + text + ASSISTANT_PREFIX)
         else:

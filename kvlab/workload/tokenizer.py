@@ -26,12 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from kvlab.arguments import kind_of, require_text
 from kvlab.errors import ConfigError
+from kvlab.inputs import regular_file
 from kvlab.workload._common import atomic_open, one_line
 from kvlab.workload.text import ASSISTANT_PREFIX, USER_PREFIX, ByteTokenizer
 
@@ -48,6 +51,11 @@ CHATML_TEMPLATE = (
 TOOL_PREFIX = "\nTOOL: "
 PLAIN_TEMPLATE = "kvlab-plain-v1: system text, then '\\nUSER: ' / '\\nASSISTANT: ' / '\\nTOOL: ' + content"
 """Identity of the plain layout used for tokenizers without a chat template (kvlab.workload.text's)."""
+
+
+PROBE_TEXT = "Hello, world! The cache holds 1024 blocks.\n"
+"""Text every tokenizer must encode to at least one token (:func:`check_tokenizer`): a tokenizer that encodes
+text to nothing (an empty vocabulary) would make every prompt empty and every text-filling loop endless."""
 
 
 def _sha256(text: str) -> str:
@@ -88,7 +96,14 @@ class TextTokenizer:
         return self.encode_offsets(text, add_special_tokens=add_special_tokens)[0]
 
     def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids and each token's character span ``(start, end)`` in ``text`` (special tokens: ``(0, 0)``)."""
+        """Token ids and each token's character span ``(start, end)`` in ``text`` (special tokens: ``(0, 0)``).
+
+        ``text`` must be valid Unicode: a lone surrogate is one ConfigError naming the character
+        (:func:`kvlab.arguments.require_text`), never a raw encoding error from the tokenizer."""
+        return self._encode_offsets(require_text(text, "text"), add_special_tokens)
+
+    def _encode_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        """:meth:`encode_offsets` of text already checked (subclasses implement this)."""
         raise NotImplementedError
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -151,7 +166,7 @@ class ByteTextTokenizer(TextTokenizer):
         self.bytes = ByteTokenizer(offset)
         self.name = "byte" if offset == 0 else f"byte+{offset}"
 
-    def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+    def _encode_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
         ids = self.bytes.encode(text)
         offsets = [(k, k + 1) for k, ch in enumerate(text) for _ in range(len(ch.encode("utf-8", "surrogatepass")))]
         return ids, offsets
@@ -181,7 +196,7 @@ class HFTokenizer(TextTokenizer):
             template = template.get("default")
         self.chat_template = template
 
-    def encode_offsets(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+    def _encode_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.hf(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
@@ -312,6 +327,27 @@ def kvlab_bpe(
 
 
 # ------------------------------------------------------------------------------------------ one entry point
+def check_tokenizer(tokenizer: TextTokenizer, source: str) -> TextTokenizer:
+    """``tokenizer`` if it encodes :data:`PROBE_TEXT` to at least one token; ConfigError naming ``source`` (the
+    spec or file) otherwise. :func:`load_tokenizer` calls it on every tokenizer before any work uses it."""
+    ids, _ = tokenizer.encode_offsets(PROBE_TEXT, add_special_tokens=False)
+    if not ids:
+        raise ConfigError(f"tokenizer {source}: encodes the probe text {PROBE_TEXT!r} to no tokens (an empty or "
+                          "broken vocabulary); kvlab needs a tokenizer that turns text into tokens")
+    return tokenizer
+
+
+def _check_folder_files(folder: Path) -> None:
+    """Refuse a Hugging Face tokenizer folder holding a FIFO, socket or device (reading one could block)."""
+    for entry in sorted(folder.iterdir()):
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: transformers reports it if it needs the file
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            regular_file(entry, "tokenizer file")
+
+
 def load_tokenizer(
     spec: str | os.PathLike | None = None,
     *,
@@ -326,9 +362,14 @@ def load_tokenizer(
     Hugging Face tokenizers load offline (``local_files_only=True``): a folder with ``tokenizer.json``, or
     a name already in the Hugging Face cache. ``cache_dir`` applies to kvlab's BPE and to rank files,
     ``text_dir`` to kvlab's BPE only.
+
+    Every tokenizer is checked before it is returned (:func:`check_tokenizer`: it must encode text to tokens);
+    tokenizer files are read only when they are regular files (a FIFO or device is refused, never opened).
     """
+    if spec is not None and not isinstance(spec, str | os.PathLike):
+        raise ConfigError(f"tokenizer: expected a tokenizer spec (a name or a path), got {kind_of(spec)}")
     if spec is None or spec == DEFAULT_TOKENIZER:
-        return kvlab_bpe(text_dir, cache_dir=cache_dir)
+        return check_tokenizer(kvlab_bpe(text_dir, cache_dir=cache_dir), repr(DEFAULT_TOKENIZER))
     if spec == "byte":
         return ByteTextTokenizer()
     name = os.fspath(spec)
@@ -338,8 +379,11 @@ def load_tokenizer(
     ):
         from kvlab.workload.rank_tokenizer import rank_file_tokenizer
 
-        return wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=tokenizer_cache_dir(cache_dir)),
-                               f"ranks:{rank_file.name}")
+        tok = wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=tokenizer_cache_dir(cache_dir)),
+                              f"ranks:{rank_file.name}")
+        return check_tokenizer(tok, str(rank_file))
+    if Path(name).is_dir():
+        _check_folder_files(Path(name))
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -351,4 +395,4 @@ def load_tokenizer(
         raise ConfigError(
             f"tokenizer {name!r}: not a local folder nor in the Hugging Face cache (offline, nothing downloaded): {why}"
         ) from None
-    return HFTokenizer(hf, name)
+    return check_tokenizer(HFTokenizer(hf, name), repr(name))

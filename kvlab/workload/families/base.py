@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from kvlab.arguments import require_text
 from kvlab.errors import ConfigError
 from kvlab.schema import Schema
 from kvlab.workload._common import csr
@@ -247,7 +248,8 @@ def token_ids(tokenizer: TextTokenizer, texts: Sequence[str]) -> list[list[int]]
     if isinstance(tokenizer, ByteTextTokenizer):
         return [tokenizer.bytes.encode(t) for t in texts]
     if isinstance(tokenizer, HFTokenizer):
-        return list(tokenizer.hf(list(texts), add_special_tokens=False)["input_ids"]) if texts else []
+        texts = [require_text(t, f"texts[{k}]") for k, t in enumerate(texts)]  # as encode_offsets checks it
+        return list(tokenizer.hf(texts, add_special_tokens=False)["input_ids"]) if texts else []
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
@@ -284,8 +286,10 @@ class TextPool:
         self.texts = list(texts)
         ids = token_ids(tokenizer, [t + "\n\n" for t in self.texts])
         self.ids = np.array([i for row in ids for i in row], dtype=np.int64)
-        if len(self.ids) < 2:
-            raise ConfigError("TextPool: no text")
+        if len(self.ids) < 2:  # every cut wraps around the pool: an empty one could never give n tokens
+            raise ConfigError(f"TextPool: {len(self.texts)} texts encode to {len(self.ids)} tokens under tokenizer "
+                              f"{getattr(tokenizer, 'name', type(tokenizer).__name__)!r}; a text pool needs at "
+                              "least 2 (is the text folder or the tokenizer empty?)")
 
     def span(self, start: int, n: int) -> str:
         """Text of the ``n`` pool tokens from ``start`` (wrapping around the pool)."""
