@@ -20,13 +20,16 @@ import math
 import numbers
 import os
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
+from pydantic import Field
 
 from kvlab.errors import ConfigError
 
 T = TypeVar("T")
+#: a count that may be 0 (tokens, requests), for :func:`require_ints`; kvlab.schema has the positive ones
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 def kind_of(value: Any) -> str:
@@ -115,5 +118,5 @@ def require_text(value: Any, field: str) -> str:
     return value
 
 
-__all__ = ["kind_of", "require_instance", "require_int_list", "require_ints", "require_real", "require_text",
-           "unicode_problem"]
+__all__ = ["NonNegativeInt", "kind_of", "require_instance", "require_int_list", "require_ints", "require_real",
+           "require_text", "unicode_problem"]

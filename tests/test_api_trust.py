@@ -142,12 +142,16 @@ def test_simulate_refuses_a_path_or_none(bad):
 def test_every_workload_entry_point_names_the_argument(small, tmp_path):
     from pathlib import Path
 
-    from kvlab.replay import ReplayConfig, lru_curve, mini_curve, replay
+    from kvlab.replay import ReplayConfig, encode, lru_curve, mini_curve, replay
     from kvlab.sim.engine_executor import run_engine_serving, serving_engine
     from kvlab.sweep import run_sweep, run_sweeps
+    from kvlab.workload.expand_text import expand_with_text, trace_requests
 
     cfg = ReplayConfig(capacity_blocks=10)
     calls = {
+        "encode": lambda w: encode(w, cfg),
+        "expand_with_text": lambda w: expand_with_text(w),
+        "trace_requests": lambda w: trace_requests(w),
         "lru_curve": lambda w: lru_curve(w),
         "mini_curve": lambda w: mini_curve(w, "lru", [10], sample_rate=0.5),
         "run_sweep": lambda w: run_sweep(w, [cfg]),
@@ -170,6 +174,14 @@ def test_every_workload_entry_point_names_the_argument(small, tmp_path):
         replay(small, {"capacity_blocks": 10})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="^engine: expected an Engine, got None"):
         run_engine_serving(small, None)  # type: ignore[arg-type]
+
+
+def test_layout_study_config_argument_is_checked(tmp_path):
+    from kvlab.layout.study import run_study
+
+    with pytest.raises(ConfigError, match=r"^config: expected a LayoutStudyConfig or None, got a str \('l23.yaml'\)"):
+        run_study(tmp_path / "out", "l23.yaml")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
 
 
 def test_plain_number_arguments_refuse_bools_and_strings(small):

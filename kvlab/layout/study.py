@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from kvlab.arguments import require_instance
 from kvlab.layout.apply import RenderCache, layout_workload
 from kvlab.layout.base import Layout
 from kvlab.layout.config import LayoutStudyConfig, family_folder
@@ -89,6 +90,7 @@ def _trace(name: str, sha: str, n: int, tokenizer: TextTokenizer) -> dict:
 def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resume: bool = True,
               progress: bool = False) -> LayoutStudyResult:
     """Run (or, with ``resume``, read back) the study into ``out`` (module docstring)."""
+    require_instance(config, LayoutStudyConfig, "config", optional=True)  # a path: LayoutStudyConfig.load(path)
     config = config or LayoutStudyConfig()
     out = prepare_out(out, config)
     tokenizer = load_tokenizer(config.tokenizer)

@@ -132,6 +132,8 @@ def make_hasher(config: ReplayConfig) -> BlockHasher:
 
 def encode(workload: Workload, config: ReplayConfig, *, progress: bool = False) -> EncodedWorkload:
     """Hash a workload's prompts for ``config`` (reusable across capacities and policies)."""
+    workload = require_workload(workload)
+    require_instance(config, ReplayConfig, "config")
     block_size = config.block_size or workload.default_block_size
     return encode_workload(workload, make_hasher(config), block_size, verify=config.verify, progress=progress)
 

@@ -27,15 +27,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
 from tqdm.auto import tqdm
 
-from kvlab.arguments import require_instance, require_ints
+from kvlab.arguments import NonNegativeInt, require_instance, require_ints
 from kvlab.cache import pool_blocks
 from kvlab.engine.batched import BatchEntry
 from kvlab.engine.compute import PagedModel, sync_device
@@ -60,8 +58,6 @@ from kvlab.sim.simulator import (
 from kvlab.sim.steps import Step, step_frame
 from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload, require_workload
-
-NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 @dataclass(eq=False)

@@ -36,13 +36,15 @@ import math
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import NonNegativeInt, require_ints
 from kvlab.errors import ConfigError
+from kvlab.schema import PositiveInt, Seed
 from kvlab.workload._common import csr
 from kvlab.workload.alibaba import chain_block_ids
 from kvlab.workload.expand import _block_keys, _mix64_
 from kvlab.workload.families.base import TextPool, corpus_pool
 from kvlab.workload.segments import Segment
-from kvlab.workload.workload import Workload
+from kvlab.workload.workload import Workload, require_workload
 
 _TUPLES_PER_ID = 4  # at least this many piece tuples per distinct id: few redraws
 
@@ -135,6 +137,9 @@ def expand_with_text(
     pieces (and, through rare redraws, on which ids collide); with ``pieces`` fixed, expanding ``head(n)``
     gives the first ``n`` requests of the whole expansion (unless a redraw differs: checked in the tests).
     """
+    workload = require_workload(workload)
+    require_ints("expand_with_text", seed=(Seed, seed), max_requests=(NonNegativeInt | None, max_requests),
+                 pieces=(PositiveInt | None, pieces))
     if workload.kind != "blocks":
         raise ConfigError(f"expand_with_text needs a kind='blocks' workload, got kind={workload.kind!r}")
     w = workload.head(max_requests) if max_requests is not None else workload
@@ -195,6 +200,8 @@ def trace_requests(
     from kvlab.workload.families.base import GeneratedRequest, Message
     from kvlab.workload.render import Part
 
+    workload = require_workload(workload)
+    require_ints("trace_requests", max_requests=(NonNegativeInt | None, max_requests))
     w = workload.head(max_requests) if max_requests is not None else workload
     e = expand_with_text(w, tokenizer=tokenizer, seed=seed, text_dir=text_dir, segments=True, pieces=pieces)
     chained = w.prompt_values if w.meta.get("chained", True) else chain_block_ids(w.prompt_offsets, w.prompt_values)
