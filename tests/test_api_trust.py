@@ -108,6 +108,17 @@ def test_text_trace_with_a_lone_surrogate_names_the_file_and_field(tmp_path):
         sharegpt_first_turns(path, ByteTextTokenizer())
 
 
+def test_native_trace_segment_text_with_a_lone_surrogate_names_the_line(tmp_path):
+    from kvlab.workload import from_lists, load_jsonl, save_jsonl
+
+    path = tmp_path / "seg.jsonl"
+    save_jsonl(from_lists([[1, 2, 3]], segments=[[Segment("system", 0, 3, "abc")]]), path)
+    path.write_text(path.read_text().replace('"abc"', '"a\\ud800"'))
+    with pytest.raises(TraceFormatError, match=r"seg\.jsonl:2: field 'segments': segment 0: text holds a lone "
+                                               r"surrogate \(U\+D800\) at character 1"):
+        load_jsonl(path)
+
+
 # ------------------------------------------------------------------------------------------ Python API
 @pytest.fixture(scope="module")
 def small():

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvlab.arguments import unicode_problem
 from kvlab.errors import ConfigError, TraceFormatError
 from kvlab.workload._common import MAX_REQUEST_TOKENS, csr, describe, field_label, get_int
 from kvlab.workload.segments import SEGMENT_KINDS, Segment, Segments
@@ -303,6 +304,8 @@ def parse_segments(path: str, ln: int | None, value: Any, input_length: int, pre
         text = seg.get("text")
         if "text" in seg and type(text) is not str:
             raise TraceFormatError(path, ln, "segments", f"{where}: text must be a string, got {describe(text)}")
+        if text is not None and unicode_problem(text) is not None:
+            raise TraceFormatError(path, ln, "segments", f"{where}: text {unicode_problem(text)}")
         out.append(Segment(kind, start, end, text))
         prev_end = end
     return out
