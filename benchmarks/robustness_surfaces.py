@@ -417,9 +417,6 @@ def _register_experiment() -> None:
              exp_yaml(cache="{capacity_blocks: 300, policy: lru, tiers: [{name: a, capacity_blocks: 100, "
                             "chunk_blocks: 2}, {name: b, capacity_blocks: 100, write: write_back}]}"),
              names=["'b'", "chunk"])
-    exp_case("exp.tier-chunk4-write-back-python", "the same experiment tier on the Python backend",
-             exp_yaml(cache="{capacity_blocks: 300, policy: lru, backend: python, tiers: [{name: dram, "
-                            "capacity_blocks: 100, chunk_blocks: 4, write: write_back}]}"), names=["dram", "chunk"])
 
     def edited_trace(ctx: Any) -> Any:
         use(ctx, "mc300")
@@ -440,21 +437,17 @@ def _register_experiment() -> None:
 
     def two_definitions(allow: bool) -> Callable[[Any], Any]:
         def fn(ctx: Any) -> Any:
-            use(ctx, "mc300")
-            ctx.write("exp.yaml", exp_yaml(name="same", extra=_grid({"cache.capacity_blocks": [100, 300]})))
-            ctx.write("expB.yaml", exp_yaml(name="same", cache="{capacity_blocks: 300, policy: fifo}",
-                                            extra=_grid({"cache.capacity_blocks": [100, 300]})))
-            first = ctx.run("run", "exp.yaml", "--results", "res", "--quiet", "--no-figure")
-            if first.rc != 0:
-                return rb.failure_of(first, "first run")
+            _kexp(ctx, "res")
+            ctx.write("expB.yaml", exp_yaml(name="kexp", trace=_kexp_trace(ctx), cache="{capacity_blocks: 300, "
+                                            "policy: fifo}", extra=_grid({"cache.capacity_blocks": [100, 300]})))
             if not allow:
-                ctx.protect("res/same")
+                ctx.protect("res/kexp")
                 run = ctx.run("run", "expB.yaml", "--results", "res", "--quiet", "--no-figure")
                 return rb.judge_error(run, ["--allow-redefine"])
             run = ctx.run("run", "expB.yaml", "--results", "res", "--quiet", "--no-figure", "--allow-redefine")
             if run.rc != 0:
                 return rb.judge_ok(run)
-            return _load_verdict(ctx, "same", ["defin"])
+            return _load_verdict(ctx, "kexp", ["defin"])
 
         return fn
 
@@ -464,16 +457,12 @@ def _register_experiment() -> None:
                 "two definitions share the folder (strict=True refuses)", two_definitions(True), weight=3)
 
     def cosmetic_edit(ctx: Any) -> Any:
-        use(ctx, "mc300")
-        ctx.write("exp.yaml", exp_yaml(extra=_grid({"cache.capacity_blocks": [100, 300]})))
-        first = ctx.run("run", "exp.yaml", "--results", "res", "--quiet", "--no-figure")
-        if first.rc != 0:
-            return rb.failure_of(first, "first run")
-        ctx.write("exp.yaml", "# the same experiment, keys reordered and commented\n"
-                  "cache: {policy: lru, capacity_blocks: 300}   # device\nsweep:\n  grid:\n"
-                  "    cache.capacity_blocks: [100, 300]\ntrace: {path: mc300.jsonl}\nname: y1\n")
+        _kexp(ctx, "res")
+        ctx.write("exp.yaml", "# the same experiment, keys reordered and commented\nsweep:\n  grid:\n"
+                  "    cache.capacity_blocks: [50, 100, 200, 300]\n"
+                  f"cache: {{policy: lru, capacity_blocks: 300}}   # device\ntrace: {_kexp_trace(ctx)}\nname: kexp\n")
         run = ctx.run("run", "exp.yaml", "--results", "res", "--quiet", "--no-figure")
-        return rb.judge_ok(run, run_check(ctx, "res", "y1", 2))
+        return rb.judge_ok(run, run_check(ctx, "res", "kexp", 4))
 
     rb.register(EF, "exp.comments-and-key-order", "the same experiment with comments and keys reordered is the "
                 "same definition: rerun accepted (no --allow-redefine needed)", cosmetic_edit, weight=2)
@@ -508,7 +497,10 @@ REPLAY_MC300 = ["replay", "mc300.jsonl", "--capacity-blocks", "300", "--quiet"]
 
 
 def _tier_case(cid: str, desc: str, tiers: Sequence[str], names: Sequence[str], *, backends: Sequence[str] =
-               ("default", "python")) -> None:
+               ("default",)) -> None:
+    """``kvlab replay mc300 --tier ...`` on each backend (the default: the compiled kernel): a clear error, no
+    output folder. tests/test_tier_rules.py runs every rule on both backends and three entry points; here the
+    first rule also runs on the Python backend."""
     for backend in backends:
         extra = [] if backend == "default" else ["--backend", backend]
         args = [*REPLAY_MC300, *[a for t in tiers for a in ("--tier", t)], *extra, "--out", "t"]
@@ -527,16 +519,15 @@ def _tier_case(cid: str, desc: str, tiers: Sequence[str], names: Sequence[str], 
 
 def _register_tiers() -> None:
     _tier_case("tier.chunk4-write-back", "TSV#10: chunk=4 with write=write_back (documented as refused)",
-               ["dram:blocks=100:chunk=4:write=write_back"], ["dram", "chunk"])
+               ["dram:blocks=100:chunk=4:write=write_back"], ["dram", "chunk"], backends=("default", "python"))
     _tier_case("tier.write-back-below-chunk2", "TSV#11: a write_back tier below a chunk=2 tier",
                ["a:blocks=100:chunk=2", "b:blocks=100:write=write_back"], ["'b'", "chunk"])
     _tier_case("tier.smaller-than-chunk", "TSV#12: a tier of 3 blocks with chunk=4 (no whole chunk fits)",
                ["dram:blocks=3:chunk=4"], ["dram", "chunk"])
     _tier_case("tier.duplicate-key", "TSV#13: blocks=10:blocks=20 (a key given twice)",
-               ["dram:blocks=10:blocks=20"], ["blocks"], backends=("default",))
+               ["dram:blocks=10:blocks=20"], ["blocks"])
     _tier_case("tier.write-back-and-selective", "TSV#15: write=write_back together with selective=3 (two write "
-               "policies)", ["dram:blocks=10:write=write_back:selective=3"], ["write_back", "selective"],
-               backends=("default",))
+               "policies)", ["dram:blocks=10:write=write_back:selective=3"], ["write_back", "selective"])
 
     def selective_spelling(ctx: Any) -> Any:
         use(ctx, "mc300")
@@ -747,6 +738,11 @@ def _register_figures() -> None:
 
 
 # ------------------------------------------------------------------------------------------ result tables
+def _kexp_trace(ctx: Any) -> str:
+    """The shared experiment's ``trace:`` section (the shared inputs' mc300 by absolute path)."""
+    return f"{{path: {_make_inputs(ctx) / 'mc300.jsonl'}}}"
+
+
 def _kexp(ctx: Any, dest: str) -> Path:
     """A copy of a complete 4-run experiment 'kexp' (LRU at 50-300 blocks) as ``dest/kexp``, with its file
     ``kexp.yaml`` and ``mc300.jsonl`` in the case's folder. The file names the trace by its absolute path in the
@@ -754,9 +750,8 @@ def _kexp(ctx: Any, dest: str) -> Path:
 
     def build(c: Any, folder: Path) -> Any:
         shutil.copyfile(_make_inputs(c) / "mc300.jsonl", folder / "mc300.jsonl")
-        (folder / "kexp.yaml").write_text(exp_yaml(
-            name="kexp", trace=f"{{path: {_make_inputs(c) / 'mc300.jsonl'}}}",
-            extra=_grid({"cache.capacity_blocks": [50, 100, 200, 300]})))
+        (folder / "kexp.yaml").write_text(exp_yaml(name="kexp", trace=_kexp_trace(c),
+                                                   extra=_grid({"cache.capacity_blocks": [50, 100, 200, 300]})))
         return c.finish(c.runner.start(["run", "kexp.yaml", "--results", "res", "--quiet", "--no-figure"],
                                        cwd=folder))
 

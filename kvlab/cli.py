@@ -21,6 +21,7 @@ from kvlab.cli_common import selection as _selection
 from kvlab.cli_experiment import cmd_run
 from kvlab.cli_replay import add_run_args, cmd_replay, cmd_sweep
 from kvlab.errors import ConfigError, KvlabError
+from kvlab.tiers.spec import SPEC_HELP
 
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
@@ -137,10 +138,11 @@ def _flag_words(message: str) -> str:
 
 def _sim_config(args: argparse.Namespace):
     """The simulation's validated configuration (every flag checked before any work)."""
+    from kvlab.schema import flag
     from kvlab.sim.simulator import SimConfig
     from kvlab.tiers import check_tiers, parse_tier
 
-    tiers = check_tiers([parse_tier(spec, "--tier") for spec in args.tier])
+    tiers = check_tiers([parse_tier(spec, "--tier") for spec in args.tier], field=flag)  # SimConfig: the rest
     try:
         return SimConfig(
             model=args.model, hardware=args.hardware, policy=args.policy,
@@ -383,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-fast-forward", action="store_true", help="step decode runs one by one (same results)")
     sim.add_argument("--tier", action="append", default=[], metavar="SPEC",
                      help="a tier below the device, repeatable, in order (as kvlab replay --tier, one size each; "
-                          "docs/tiers.md): NAME:blocks=N|gib=X[:write=...][:inclusion=...][:chunk=C]"
-                          "[:medium=M][:link=L]; medium=/link= (timing presets or a preset .json) time the tiers")
+                          f"docs/tiers.md): {SPEC_HELP}[:medium=M][:link=L], or gib=X instead of blocks=N; "
+                          "medium=/link= (timing presets or a preset .json) time the tiers")
     sim.add_argument("--max-load-tokens", type=int, default=None, metavar="N",
                      help="at most N tokens of a request are loaded from the lower tiers (needs --tier)")
     sim.add_argument("--load-or-recompute", action="store_true",

@@ -14,6 +14,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from kvlab.errors import ConfigError
+from kvlab.tiers.spec import SPEC_HELP
 
 if TYPE_CHECKING:
     from kvlab.tiers import Tier
@@ -34,10 +35,9 @@ def add_run_args(sp: argparse.ArgumentParser) -> None:
                     help="replay backend: the numba kernel (compiled), the Python core, or auto (compiled when "
                          "the policy has a compiled form); --engine is the old name")
     sp.add_argument("--tier", action="append", default=[], metavar="SPEC",
-                    help="a tier below the device, repeatable, in order (docs/tiers.md): NAME:blocks=N[:policy=P]"
-                         "[:write=write_through|write_back|selective=K][:inclusion=none|inclusive|exclusive]"
-                         "[:chunk=C][:touch=on|off], or gib=X instead of blocks=N (needs --model); "
-                         "blocks=1000,10000 sweeps the size")
+                    help=f"a tier below the device, repeatable, in order (docs/tiers.md): {SPEC_HELP}, or gib=X "
+                         "instead of blocks=N (needs --model); selective=K alone means "
+                         "write=write_through_selective; blocks=1000,10000 sweeps the size")
     sp.add_argument("--max-load-tokens", type=int, default=None, metavar="N",
                     help="at most N tokens of a request are loaded from the lower tiers (the rest recomputed; "
                          "default: no limit); needs --tier")
@@ -69,31 +69,35 @@ def _values(text: str, flag: str) -> list[str]:
     return [":".join([name, *combo]) for combo in itertools.product(*choices)]
 
 
-def tier_axes(specs: list[str], flag: str = "--tier") -> list[list[Tier]]:
+def tier_axes(specs: list[str], flag: str = "--tier", max_load_tokens: int | None = None) -> list[list[Tier]]:
     """The tier lists of a run grid from the ``--tier`` values: each flag's values (comma-separated sizes)
-    times every other flag's. ``[[]]`` without ``--tier``. ConfigError naming ``flag`` and the bad part."""
+    times every other flag's. ``[[]]`` without ``--tier``. Every list obeys kvlab.tiers.check_tiers (with
+    ``--max-load-tokens``), as every backend requires. ConfigError naming ``flag`` and the bad part."""
+    from kvlab.schema import flag as flag_of
     from kvlab.tiers import check_tiers, parse_tier
 
     per_flag = [[parse_tier(spec, flag) for spec in _values(text, flag)] for text in specs]
-    combos = [list(c) for c in itertools.product(*per_flag)]
-    if combos and combos[0]:
-        check_tiers(combos[0])
-    return combos or [[]]
+    combos = [list(c) for c in itertools.product(*per_flag)] or [[]]
+    for tiers in combos:
+        check_tiers(tiers, max_load_tokens=max_load_tokens, field=flag_of)
+    return combos
 
 
 def _check_model(args: argparse.Namespace, axes: list[list[Tier]]) -> None:
-    """``--model`` names a known profile; a ``gib=`` tier has one; ``--max-load-tokens`` has tiers."""
+    """``--model`` names a known profile and has tiers; a ``gib=`` tier has one (``--max-load-tokens``:
+    tier_axes)."""
     from kvlab.cli_common import flagged
     from kvlab.sim.profiles import load_model
 
     if args.model is not None:
+        if not args.tier:  # it would be dropped from every run (kvlab.sweep.grid): refused, not ignored
+            raise ConfigError("--model gives the tiers' KV bytes per block (gib= sizes, bytes written and read): "
+                              "give --tier too")
         flagged("--model", load_model, args.model)
     for text in args.tier:
         if args.model is None and any(v.partition("=")[0] == "gib" for v in text.split(":")[1:]):
             raise ConfigError(f"--tier {text!r}: gib= needs --model (the model profile gives the KV bytes per "
                               "block)")
-    if args.max_load_tokens is not None and not args.tier:
-        raise ConfigError("--max-load-tokens limits the tokens loaded from the lower tiers: give --tier too")
     if args.model is not None and args.block_size is not None:  # gib= sizes in range, before the trace is read
         from kvlab.tiers.results import resolve_tiers
 
@@ -108,7 +112,7 @@ def replay_configs(args: argparse.Namespace) -> list:
     from kvlab.policies import available_policies
     from kvlab.sweep import grid
 
-    axes = tier_axes(args.tier)
+    axes = tier_axes(args.tier, max_load_tokens=args.max_load_tokens)
     _check_model(args, axes)
     return grid(
         args.capacity_blocks,

@@ -118,8 +118,9 @@ def _tier(name, blocks, policy, write, k, inclusion, chunk, touch, first) -> Tie
         write = "write_back"
     if write != "write_through" or not first:
         chunk = 1  # write_back / selective below a 1-block tier; chunking only on the first tier here
-    return Tier(name=name, capacity_blocks=blocks, policy=policy, write=write, selective_hits=k, inclusion=inclusion,
-                chunk_blocks=chunk, touch=touch)
+    k = k if write == "write_through_selective" else 1  # selective_hits means something with selective only
+    return Tier(name=name, capacity_blocks=max(blocks, chunk), policy=policy, write=write, selective_hits=k,
+                inclusion=inclusion, chunk_blocks=chunk, touch=touch)  # at least one whole chunk
 
 
 TIERS = st.one_of(
@@ -296,7 +297,7 @@ def test_parse_tier_round_trips_and_refuses_bad_specs():
     assert (t.name, t.capacity_blocks, t.policy, t.write, t.inclusion, t.touch) == (
         "dram", 1000, "lfu", "write_back", "exclusive", False)
     assert parse_tier(t.label()) == t
-    assert parse_tier("ssd:gib=2048:selective=3:chunk=2").write == "write_through_selective"
+    assert parse_tier("ssd:gib=2048:selective=3").write == "write_through_selective"
     for bad, words in [("dram", "blocks=N"), ("dram:blocks=ten", "integer"),
                        ("dram:blocks=5:inclusion=exclusive", "write_back"),
                        ("device:blocks=5", "reserved"), ("dram:blocks=5:policy=nope", "nope"),

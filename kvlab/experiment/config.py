@@ -153,7 +153,12 @@ class CacheSpec(Section):
 
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-    _tiers_unique = field_validator("tiers")(check_tiers)
+
+    @model_validator(mode="after")
+    def _tier_rules(self) -> CacheSpec:
+        """kvlab.tiers.spec.check_tiers: the tier rules of every entry point, fields named ``cache.<field>``."""
+        check_tiers(self.tiers, max_load_tokens=self.max_load_tokens, field=lambda name: f"cache.{name}")
+        return self
 
     @model_validator(mode="after")
     def _one_capacity(self) -> CacheSpec:

@@ -44,9 +44,10 @@ from kvlab.schema import (
     check_policy_params,
     renamed_fields,
 )
-from kvlab.tiers import Tier, TierCounters, TierStack, check_tiers
+from kvlab.tiers import Tier, TierCounters, TierStack
 from kvlab.tiers.compiled import TieredReplay
 from kvlab.tiers.results import compiled_tiers, resolve_tiers, tier_columns, tier_summary
+from kvlab.tiers.spec import checked_tier_options
 from kvlab.workload.workload import Workload, require_workload
 
 BACKENDS = ("auto", "compiled", "python")
@@ -79,7 +80,7 @@ class ReplayConfig(Schema):
     _old_names = model_validator(mode="before")(renamed_fields)
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-    _tiers_unique = field_validator("tiers")(check_tiers)
+    _tier_rules = model_validator(mode="after")(checked_tier_options)  # kvlab.tiers.spec.check_tiers
 
     #: fields added after run identities were first written: left out of ``to_dict`` (the identity) at their
     #: defaults, so a run without tiers keeps its run id

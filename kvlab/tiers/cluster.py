@@ -100,13 +100,17 @@ def replay_cluster(
     (``overrides`` set its fields), above the shared ``pool`` tier (None: no pool). Python core only."""
     if nodes < 1:
         raise ConfigError(f"nodes must be >= 1, got {nodes}")
-    config = ReplayConfig(**{**(config.to_dict() if config else {}), **overrides})  # type: ignore[arg-type]
+    fields = {**(config.to_dict() if config else {}), **overrides}
+    # a load limit with the pool as the only lower tier: ReplayConfig alone (no tiers) would refuse it
+    pool_limit = fields.pop("max_load_tokens", None) if pool is not None and not fields.get("tiers") else None
+    config = ReplayConfig(**fields)  # type: ignore[arg-type]
+    max_load = config.max_load_tokens if pool_limit is None else pool_limit
     if config.backend == "compiled":
         raise ConfigError("replay_cluster runs the Python core; use backend='python' or 'auto'")
     config = resolve_config(workload, config)
     bs = config.block_size
     shared = resolve_tiers([pool], config.model, bs)[0] if pool is not None else None
-    check_tiers([*config.tiers, *([shared] if shared else [])])
+    check_tiers([*config.tiers, *([shared] if shared else [])], max_load_tokens=max_load)
     if shared is not None and shared.inclusion != "none":
         raise ConfigError(f"shared tier {shared.name!r}: inclusion={shared.inclusion}; a shared pool needs "
                           "inclusion=none")
@@ -130,7 +134,7 @@ def replay_cluster(
         node_demand = int(encoded.num_blocks[rows].sum())
         cache = PrefixCache(pool_blocks(config.capacity_blocks, node_demand + 1), policy, block_size=bs)
         lower = [*config.tiers, *([pool_tier] if pool_tier else [])]
-        stacks.append(TierStack(cache, lower, max_load_tokens=config.max_load_tokens, demand_blocks=demand)
+        stacks.append(TierStack(cache, lower, max_load_tokens=max_load, demand_blocks=demand)
                       if lower else None)
         caches.append(cache)
     cols = admit_requests(workload, encoded, config, caches, len(levels), progress, where.tolist(), local.tolist())
@@ -153,7 +157,9 @@ def replay_cluster(
     if levels:
         summary.update(_tiers_summary(frame, stacks, config.tiers, shared, bs, config.model))
     summary["per_node"] = _per_node(frame, levels, nodes)
-    full = {**config.to_dict(), "nodes": nodes, "router": router, "pool": shared.to_dict() if shared else None}
+    limit = {"max_load_tokens": pool_limit} if pool_limit is not None else {}
+    full = {**config.to_dict(), **limit, "nodes": nodes, "router": router,
+            "pool": shared.to_dict() if shared else None}
     trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ClusterResult(frame, summary, full, trace)
 

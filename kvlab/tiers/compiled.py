@@ -49,7 +49,7 @@ from kvlab.cache.compiled import (  # its kernel cache's machinery, shared
 )
 from kvlab.cache.prefix_cache import pool_blocks
 from kvlab.tiers import _kernel
-from kvlab.tiers.spec import Tier
+from kvlab.tiers.spec import Tier, check_tiers
 from kvlab.tiers.stack import TierCounters
 
 #: a lower tier's hooks, in the generated module's order (``on_remove``: the policy's, else ``on_evict``)
@@ -229,6 +229,7 @@ class TieredReplay:
                  ideal: bool, max_load_tokens: int | None) -> None:
         from kvlab.policies import make_policy
 
+        check_tiers(tiers, max_load_tokens=max_load_tokens)  # the rules TierStack applies, on this backend too
         policies = []
         self.tier_params = []
         for t in tiers:

@@ -10,6 +10,7 @@ Units: ``capacity_blocks`` and ``chunk_blocks`` in blocks of the run's block siz
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -127,17 +128,7 @@ class Tier(Schema):
 
     @model_validator(mode="after")
     def _consistent(self) -> Tier:
-        if self.name in RESERVED:
-            raise ValueError(f"tier name {self.name!r} is reserved ({', '.join(sorted(RESERVED))})")
-        if (self.capacity_blocks is None) == (self.capacity_gib is None):
-            raise ValueError(f"tier {self.name!r}: give exactly one of blocks=N and gib=X")
-        if self.inclusion == "exclusive" and self.write != "write_back":
-            raise ValueError(f"tier {self.name!r}: inclusion=exclusive needs write=write_back")
-        from kvlab.policies import make_policy
-
-        if getattr(make_policy(self.policy, **self.policy_params), "offline", False):
-            raise ValueError(f"tier {self.name!r}: policy {self.policy} is offline (it reads the trace's future), "
-                             "available on the device only")
+        check_tiers([self])  # a tier's own rules (the rules between tiers need the whole list)
         return self
 
     def resolve(self, kv_bytes_per_block: int | None) -> Tier:
@@ -157,8 +148,12 @@ class Tier(Schema):
 
     @property
     def chunk_slots(self) -> int:
-        """Chunks this tier holds (``capacity_blocks // chunk_blocks``, at least 1)."""
-        return max(1, (self.capacity_blocks or 0) // self.chunk_blocks)
+        """Chunks this tier holds: ``capacity_blocks // chunk_blocks`` (at least 1 once sized in blocks:
+        :func:`check_tiers` refuses a tier smaller than one chunk)."""
+        if self.capacity_blocks is None:
+            raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} is not resolved to blocks yet "
+                              "(Tier.resolve)")
+        return self.capacity_blocks // self.chunk_blocks
 
     def label(self) -> str:
         """The ``--tier`` spelling of this tier (parse_tier(t.label()) == t)."""
@@ -175,20 +170,35 @@ class Tier(Schema):
 
 
 _KEYS = ("blocks", "gib", "policy", "write", "selective", "inclusion", "chunk", "touch", "medium", "link")
+#: ``write=`` short spellings parse_tier accepts (docs/tiers.md)
+_WRITE_ALIASES = {"through": "write_through", "back": "write_back", "selective": "write_through_selective"}
+#: the ``--tier`` spelling shown by ``--help`` and docs/parameters.md (every part of it is what parse_tier reads)
+SPEC_HELP = ("NAME:blocks=N[:policy=P][:write=write_through|write_through_selective|write_back][:selective=K]"
+             "[:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off]")
 
 
 def parse_tier(text: str, flag: str = "--tier") -> Tier:
-    """A :class:`Tier` from ``NAME:blocks=N[:policy=P][:write=write_through|write_back|selective=K]
-    [:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off][:medium=M][:link=L]`` (``gib=X`` instead
-    of ``blocks=N`` with a model; ``medium`` / ``link``: timing presets, kvlab.tiers.timing); other
-    ``key=value`` pairs are the tier policy's parameters. ConfigError naming ``flag``."""
+    """A :class:`Tier` from ``NAME:blocks=N[:policy=P][:write=write_through|write_through_selective|write_back]
+    [:selective=K][:inclusion=none|inclusive|exclusive][:chunk=C][:touch=on|off][:medium=M][:link=L]``
+    (``gib=X`` instead of ``blocks=N`` with a model; ``selective=K`` alone means
+    ``write=write_through_selective`` with ``K`` hits; ``medium`` / ``link``: timing presets,
+    kvlab.tiers.timing); other ``key=value`` pairs are the tier policy's parameters. Strict: a key given twice,
+    ``selective=K`` with another write policy, or a value holding ``=`` is refused. ConfigError naming
+    ``flag``."""
     name, _, rest = text.partition(":")
     fields: dict[str, object] = {"name": name}
     params: dict[str, object] = {}
+    seen: set[str] = set()
     for item in rest.split(":") if rest else []:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise ConfigError(f"{flag} {text!r}: expected key=value, got {item!r} (keys: {', '.join(_KEYS)})")
+        if key in seen:
+            raise ConfigError(f"{flag} {text!r}: {key}= given twice (kvlab never keeps one silently)")
+        seen.add(key)
+        if "=" in value:
+            raise ConfigError(f"{flag} {text!r}: {item!r} holds two '='; give one key=value per ':'-separated part "
+                              "(e.g. write=write_through_selective:selective=3)")
         if key == "blocks":
             fields["capacity_blocks"] = _number(value, int, text, key, flag)
         elif key == "gib":
@@ -196,10 +206,8 @@ def parse_tier(text: str, flag: str = "--tier") -> Tier:
         elif key == "policy":
             fields["policy"] = value
         elif key == "write":
-            fields["write"] = {"through": "write_through", "back": "write_back",
-                               "selective": "write_through_selective"}.get(value, value)
+            fields["write"] = _WRITE_ALIASES.get(value, value)
         elif key == "selective":
-            fields["write"] = "write_through_selective"
             fields["selective_hits"] = _number(value, int, text, key, flag)
         elif key == "inclusion":
             fields["inclusion"] = value
@@ -213,6 +221,11 @@ def parse_tier(text: str, flag: str = "--tier") -> Tier:
             fields[key] = value
         else:
             params[key] = _number(value, float, text, key, flag, strict=False)
+    if "selective_hits" in fields:
+        write = fields.setdefault("write", "write_through_selective")
+        if write != "write_through_selective":
+            raise ConfigError(f"{flag} {text!r}: selective={fields['selective_hits']} applies to "
+                              f"write=write_through_selective, not write={write}; give one of them")
     if params:
         fields["policy_params"] = params
     try:
@@ -239,11 +252,68 @@ def _number(value: str, kind: type, text: str, key: str, flag: str, strict: bool
         raise ConfigError(f"{flag} {text!r}: {key} must be {what}, got {value!r}") from None
 
 
-def check_tiers(tiers: list[Tier]) -> list[Tier]:
-    """Tier names unique (they name result columns)."""
+def check_tiers(tiers: Sequence[Tier], *, max_load_tokens: int | None = None,
+                field: Callable[[str], str] = str) -> Sequence[Tier]:
+    """``tiers`` (the lower tiers, level 1 first) unchanged if they obey every tier rule; ConfigError naming the
+    tier, its ``--tier`` key and the rule otherwise. The one check of tiers: :class:`Tier` (each tier's own
+    rules, at construction), parse_tier, the CLI, the experiment schema, ReplayConfig, SimConfig, the engine
+    (kvlab.engine.tiers.attach) and both replay backends (TierStack, kvlab.tiers.compiled) call it, so a
+    spec is valid or refused whatever the backend or entry point (docs/tiers.md, "Rules").
+
+    A tier: its name not reserved; exactly one of ``capacity_blocks`` / ``capacity_gib``; at least one whole
+    chunk (``capacity_blocks >= chunk_blocks``); ``chunk_blocks > 1`` only with ``write_through`` (a chunk is
+    stored when its last block is computed); ``selective_hits`` other than 1 only with
+    ``write_through_selective``; ``exclusive`` only with ``write_back``; an online policy.
+    Between tiers: names unique (they name result columns); ``write_back`` only below a tier of 1-block
+    chunks (it stores single blocks as they leave the tier above). Options: ``max_load_tokens`` (tokens)
+    only with tiers, and >= 0. ``field`` spells a field in messages (the CLI passes kvlab.schema.flag)."""
     seen: set[str] = set()
+    above: Tier | None = None
     for t in tiers:
-        if t.name in seen:
-            raise ConfigError(f"--tier: tier name {t.name!r} given twice")
-        seen.add(t.name)
+        name = t.name
+        if name in RESERVED:
+            raise ConfigError(f"tier name {name!r} is reserved ({', '.join(sorted(RESERVED))})")
+        if (t.capacity_blocks is None) == (t.capacity_gib is None):
+            raise ConfigError(f"tier {name!r}: give exactly one of blocks=N and gib=X")
+        if t.capacity_blocks is not None and t.capacity_blocks < t.chunk_blocks:
+            raise ConfigError(f"tier {name!r}: blocks={t.capacity_blocks} holds no whole chunk of chunk="
+                              f"{t.chunk_blocks} blocks (a tier stores whole chunks); give blocks >= "
+                              f"{t.chunk_blocks} or a smaller chunk")
+        if t.chunk_blocks > 1 and t.write != "write_through":
+            raise ConfigError(f"tier {name!r}: chunk={t.chunk_blocks} needs write=write_through (a chunk is stored "
+                              f"when its last block is computed), got write={t.write}")
+        if t.selective_hits != 1 and t.write != "write_through_selective":
+            raise ConfigError(f"tier {name!r}: selective_hits (selective=) {t.selective_hits} applies to "
+                              f"write=write_through_selective, not write={t.write}")
+        if t.inclusion == "exclusive" and t.write != "write_back":
+            raise ConfigError(f"tier {name!r}: inclusion=exclusive needs write=write_back")
+        from kvlab.policies import make_policy
+
+        if getattr(make_policy(t.policy, **t.policy_params), "offline", False):
+            raise ConfigError(f"tier {name!r}: policy {t.policy} is offline (it reads the trace's future), "
+                              "available on the device only")
+        if name in seen:
+            raise ConfigError(f"{field('tiers')}: tier name {name!r} given twice")
+        seen.add(name)
+        if t.write == "write_back" and above is not None and above.chunk_blocks > 1:
+            raise ConfigError(f"{field('tiers')}: tier {name!r}: write=write_back below tier {above.name!r} of "
+                              f"{above.chunk_blocks}-block chunks (chunk={above.chunk_blocks}): write_back stores "
+                              f"single blocks as they leave the tier above; give {above.name!r} chunk=1 or {name!r} "
+                              "write=write_through")
+        above = t
+    if max_load_tokens is not None:
+        if not tiers:
+            raise ConfigError(f"{field('max_load_tokens')} limits the tokens loaded from the lower tiers: give "
+                              f"{field('tiers')} too")
+        if isinstance(max_load_tokens, bool) or not isinstance(max_load_tokens, int):
+            raise ConfigError(f"{field('max_load_tokens')} must be an integer, got {max_load_tokens!r}")
+        if max_load_tokens < 0:
+            raise ConfigError(f"{field('max_load_tokens')} must be in [0, inf) tokens, got {max_load_tokens!r}")
     return tiers
+
+
+def checked_tier_options(config: BaseModel) -> BaseModel:
+    """Model validator (after) of a config with ``tiers`` and ``max_load_tokens`` fields (ReplayConfig,
+    SimConfig, an experiment's CacheSpec): :func:`check_tiers` of both."""
+    check_tiers(config.tiers, max_load_tokens=config.max_load_tokens)  # type: ignore[attr-defined]
+    return config

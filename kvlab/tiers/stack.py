@@ -163,7 +163,7 @@ class TierStack:
         in ``tiers`` is used as is, shared with the other stacks given it (a pool below several devices): it
         must be the last tier, at its level, with ``inclusion="none"`` (its evictions then touch no other
         tier, so any stack's listener serves it)."""
-        check_tiers([t.spec if isinstance(t, LowerTier) else t for t in tiers])
+        check_tiers([t.spec if isinstance(t, LowerTier) else t for t in tiers], max_load_tokens=max_load_tokens)
         bs = device.block_size
         self.device = device
         self.tiers = [t if isinstance(t, LowerTier) else
@@ -172,15 +172,6 @@ class TierStack:
         for i, t in enumerate(tiers):
             if isinstance(t, LowerTier):
                 _check_shared(t, i + 1, len(tiers), bs)
-        above = 1
-        for t in self.tiers:
-            if t.chunk > 1 and t.spec.write != "write_through":
-                raise ConfigError(f"tier {t.spec.name!r}: chunk={t.chunk} needs write=write_through (a chunk is "
-                                  "stored when it is computed)")
-            if t.spec.write == "write_back" and t.chunk != above:
-                raise ConfigError(f"tier {t.spec.name!r}: write_back below a tier of {above}-block chunks needs "
-                                  f"chunk={above}")
-            above = t.chunk
         self.max_load_blocks = None if max_load_tokens is None else max_load_tokens // bs
         self.ctx: AccessContext = NO_CONTEXT  # the request being admitted (for hooks run by evictions)
         self.hits: dict[Hashable, int] = {}  # selective: hits of a key while resident on the device

@@ -22,7 +22,7 @@ from kvlab.cache import PrefixCache
 from kvlab.engine.kv_pool import KVPool
 from kvlab.engine.tiers.store import DiskStore, DramStore, TierDir, TierIO
 from kvlab.errors import ConfigError
-from kvlab.tiers import Tier, TierStack, parse_tier
+from kvlab.tiers import Tier, TierStack, check_tiers, parse_tier
 from kvlab.tiers.results import tier_columns, tier_summary
 
 
@@ -35,12 +35,11 @@ def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] |
     tier is a :class:`~kvlab.engine.tiers.store.DiskStore` there (``fsync``, ``quota_bytes``: its options).
     ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule)."""
     tiers = [t if isinstance(t, Tier) else parse_tier(str(t), "tiers") for t in tiers or []]
+    if tier_dir is not None and not tiers:
+        raise ConfigError("tier_dir needs tiers=[Tier(...)]: it holds the last tier's data")
+    check_tiers(tiers, max_load_tokens=max_load_tokens)  # the replay's and simulator's tier rules, before any work
     if not tiers:
-        if tier_dir is not None or max_load_tokens is not None:
-            raise ConfigError("tier_dir and max_load_tokens need tiers=[Tier(...)]")
         return None
-    if max_load_tokens is not None and max_load_tokens < 0:
-        raise ConfigError(f"max_load_tokens must be >= 0 tokens, got {max_load_tokens}")
     layout = pool.layout
     resolved = [t.resolve(layout.bytes_per_block) for t in tiers]
     stack = TierStack(cache, resolved, max_load_tokens=max_load_tokens)
