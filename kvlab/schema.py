@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from kvlab.errors import ConfigError
 
@@ -117,10 +117,45 @@ def _metadata(info: Any) -> list:
     return []
 
 
+def _number_kind(annotation: Any) -> str | None:
+    """``"an integer"`` / ``"a number"`` when a field's annotation takes an int / a float and no bool (looking
+    inside ``Annotated`` and unions), else None."""
+    kinds: set[Any] = set()
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if get_origin(a) is Annotated:
+            stack.append(get_args(a)[0])
+        elif get_args(a) and get_origin(a) is not Literal and not isinstance(get_origin(a), type):
+            stack.extend(get_args(a))  # a union (typing.Union or X | Y)
+        else:
+            kinds.add(a)
+    if bool in kinds or Any in kinds or object in kinds:
+        return None
+    return "an integer" if int in kinds else "a number" if float in kinds else None
+
+
+def refuse_bool_numbers(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """Field validator (before, every field): a boolean is never a number. pydantic's lax mode takes ``True`` as
+    1 for an int or float field (``capacity_blocks: true`` = one block); refused here, naming the field:
+    ``must be an integer, got True``. Used by :class:`Schema` and kvlab.experiment.config.Section."""
+    if isinstance(value, bool) and info.field_name in cls.model_fields:
+        kind = _number_kind(cls.model_fields[info.field_name].annotation)
+        if kind is not None:
+            raise ValueError(f"must be {kind}, got {value!r}")
+    return value
+
+
+#: the validator to put in a model: ``_no_bool_numbers = NO_BOOL_NUMBERS``
+NO_BOOL_NUMBERS = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))  # type: ignore[arg-type]
+
+
 class Schema(BaseModel):
-    """Base of kvlab's configurations: validated at construction, ConfigError on the first bad field."""
+    """Base of kvlab's configurations: validated at construction, ConfigError on the first bad field (a
+    boolean is never accepted as a number: :func:`refuse_bool_numbers`)."""
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", validate_default=True)
+    _no_bool_numbers = NO_BOOL_NUMBERS
     #: the name used in error messages (defaults to the class name)
     label: ClassVar[str | None] = None
     #: fields added after run identities were first written -> their defaults: ``to_dict`` leaves them out while
@@ -184,8 +219,10 @@ __all__ = [
     "TRACE_FORMATS",
     "TraceFormat",
     "TraceSelection",
+    "NO_BOOL_NUMBERS",
     "config_error",
     "flag",
+    "refuse_bool_numbers",
     "validate_fields",
 ]
 

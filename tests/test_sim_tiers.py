@@ -212,7 +212,7 @@ def test_deterministic(mooncake):
 # ---------------------------------------------------------------------- errors
 @pytest.mark.parametrize(("kw", "message"), [
     ({"tiers": [Tier(name="d", capacity_blocks=4)], "tier_overlap": True}, "tier_overlap needs timed tiers"),
-    ({"max_load_tokens": 16}, "max_load_tokens applies to the tiers"),
+    ({"max_load_tokens": 16}, "max_load_tokens limits the tokens loaded from the lower tiers"),
     ({"tiers": [Tier(name="d", capacity_blocks=4, link=PCIE)], "tier_prefetch": "best_effort"},
      "the last tier 'd' needs a medium"),
     ({"tiers": [Tier(name="d", capacity_blocks=4, link=PCIE), Tier(name="s", capacity_blocks=4, medium=NVME)]},
@@ -305,8 +305,8 @@ def test_random_tier_configs_serve_every_request(seed):
     kw = dict(capacity_blocks=int(rng.integers(24, 50)), block_size=4, tiers=tiers,
               max_num_seqs=int(rng.integers(1, 9)), max_num_batched_tokens=int(rng.choice([32, 64, 8192])),
               load_or_recompute=bool(rng.random() < 0.5), tier_overlap=bool(rng.random() < 0.5),
-              tier_prefetch=str(rng.choice(["off", "best_effort", "wait_complete", "timeout"])),
-              prefetch_timeout_s=0.01, kv_layout=str(rng.choice(["layer", "block"])),
+              tier_prefetch=(prefetch := str(rng.choice(["off", "best_effort", "wait_complete", "timeout"]))),
+              prefetch_timeout_s=0.01 if prefetch == "timeout" else 1.0, kv_layout=str(rng.choice(["layer", "block"])),
               max_load_tokens=None if rng.random() < 0.7 else int(rng.integers(0, 64)))
     a = simulate(w, **kw)
     r = a.requests

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from kvlab.analysis.intervals import batch_means
-from kvlab.schema import Schema
+from kvlab.schema import NO_BOOL_NUMBERS, Schema
 
 #: default batch-means windows (kvlab.analysis.intervals.batch_means's default)
 DEFAULT_WINDOWS: int = batch_means.__kwdefaults__["n_batches"]
@@ -24,6 +24,7 @@ class AnalysisSpec(BaseModel):
     """
 
     model_config = Schema.model_config
+    _no_bool_numbers = NO_BOOL_NUMBERS  # a boolean is never a number (kvlab.schema.refuse_bool_numbers)
 
     warmup_requests: Annotated[int, Field(ge=0)] = 0
     warmup_seconds: Annotated[float, Field(ge=0)] = 0.0

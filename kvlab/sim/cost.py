@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.errors import ConfigError
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
+from kvlab.sim.profiles import HardwareProfile, ModelProfile, check_tensor_parallel, load_hardware, load_model
 
 
 def attention_pairs(n: int, c: int, window: int | None) -> int:
@@ -93,9 +93,8 @@ class CostModel:
     """Step durations of one model on ``tensor_parallel`` devices of one hardware profile."""
 
     def __init__(self, model: ModelProfile | str, hardware: HardwareProfile | str, *, tensor_parallel: int = 1):
-        if tensor_parallel < 1:
-            raise ConfigError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         self.model = model = load_model(model)
+        check_tensor_parallel(model, tensor_parallel)  # vLLM's rule: it divides the attention and KV heads
         self.hardware = hw = load_hardware(hardware)
         self.tensor_parallel = tp = tensor_parallel
         self.window = model.sliding_window

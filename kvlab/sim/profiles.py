@@ -50,6 +50,29 @@ def _norm_name(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+def _read_json(path: Path, what: str) -> dict:
+    """The JSON object of profile file ``path``: a regular file (kvlab.inputs.regular_file), no NaN or infinite
+    number in it (json reads ``NaN``; kvlab.inputs.check_finite). ConfigError naming the file otherwise."""
+    from kvlab.inputs import check_finite, read_text
+
+    text = read_text(path, what)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path}: must be a JSON object, got {type(data).__name__}")
+    return check_finite(data, f"{what} {path}")
+
+
+def _no_bool_numbers(data: dict, fields: tuple, what: str) -> None:
+    """A profile's number fields are numbers, never booleans (``true`` would count as 1)."""
+    for f in fields:
+        value = data.get(f)
+        if isinstance(value, bool) or (value is not None and not isinstance(value, int | float)):
+            raise ConfigError(f"{what}: {f} must be a number, got {value!r}")
+
+
 def _data_dir(kind: str) -> Path:
     return Path(str(resources.files("kvlab") / "data" / kind))
 
@@ -89,6 +112,9 @@ class _JsonProfile:
         unknown = set(data) - fields - {"kind"}
         if unknown:
             raise ConfigError(f"unknown {cls.WHAT} profile fields: {sorted(unknown)}")
+        numbers = tuple(f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                        if f.type in ("int", "float", "int | None", "float | None"))
+        _no_bool_numbers(data, numbers, f"{cls.WHAT} profile {data.get('name')!r}")
         return cls(**{k: v for k, v in data.items() if k in fields})
 
 
@@ -255,6 +281,11 @@ class ModelProfile(_JsonProfile):
             return default
 
         name = name or str(config.get("_name_or_path") or cfg.get("model_type") or "model")
+        _no_bool_numbers(cfg, ("num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "d_model",
+                               "num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "num_kv_heads",
+                               "n_head_kv", "head_dim", "intermediate_size", "ffn_dim", "n_inner", "vocab_size",
+                               "sliding_window", "num_local_experts", "num_experts", "n_routed_experts",
+                               "num_experts_per_tok", "moe_topk", "moe_intermediate_size"), f"config {name!r}")
         layers = pick("num_hidden_layers", "n_layer", "num_layers")
         hidden = pick("hidden_size", "n_embd", "d_model")
         heads = pick("num_attention_heads", "n_head", "num_heads")
@@ -306,19 +337,35 @@ def load_model(name_or_path: str | Path | ModelProfile, *, dtype: str | None = N
         return ModelProfile.from_hf_config(data, name=shipped.stem).with_dtypes(dtype, kv_dtype)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"no model profile {str(name_or_path)!r}: not a shipped name "
                           f"({', '.join(shipped_models())}), a config.json or a folder holding one")
+    data = _read_json(path, "model config")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read model config {path}: {exc}") from None
-    if data.get("kind") == MODEL_KIND:
-        profile = ModelProfile.from_dict(data)
-    else:
-        stem = path.parent.name if path.name == "config.json" else path.stem
-        profile = ModelProfile.from_hf_config(data, name=stem)
+        if data.get("kind") == MODEL_KIND:
+            profile = ModelProfile.from_dict(data)
+        else:
+            stem = path.parent.name if path.name == "config.json" else path.stem
+            profile = ModelProfile.from_hf_config(data, name=stem)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return profile.with_dtypes(dtype, kv_dtype)
+
+
+def check_tensor_parallel(model: ModelProfile, tensor_parallel: int) -> int:
+    """``tensor_parallel`` if ``model`` can be sharded over that many devices, as vLLM requires: the attention
+    heads divide by it, and so do the KV heads (or, with fewer KV heads than devices, it divides by their
+    number: each KV head replicated). ConfigError naming ``tensor_parallel`` and the sizes that fit otherwise."""
+    heads, kv = model.num_heads, model.num_kv_heads
+
+    def fits(tp: int) -> bool:
+        return heads % tp == 0 and (kv % tp == 0 if kv >= tp else tp % kv == 0)
+
+    if tensor_parallel < 1 or not fits(tensor_parallel):
+        sizes = [tp for tp in range(1, heads + 1) if fits(tp)]
+        raise ConfigError(f"tensor_parallel {tensor_parallel} does not divide {model.name}'s {heads} attention heads "
+                          f"and {kv} KV heads (vLLM's rule); it fits {', '.join(map(str, sizes))}")
+    return tensor_parallel
 
 
 # ---------------------------------------------------------------------- hardware
@@ -420,13 +467,14 @@ def load_hardware(name_or_path: str | Path | HardwareProfile) -> HardwareProfile
     shipped = _data_dir("hardware") / f"{HARDWARE_ALIASES.get(key, key)}.json"
     if not path.exists() and shipped.exists():
         path = shipped
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"no hardware profile {str(name_or_path)!r}: not a shipped name "
                           f"({', '.join(shipped_hardware())}) or a profile JSON file")
+    data = _read_json(path, "hardware profile")
     try:
-        return HardwareProfile.from_dict(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read hardware profile {path}: {exc}") from None
+        return HardwareProfile.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def kv_pool_blocks(
@@ -448,8 +496,7 @@ def kv_pool_blocks(
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if tensor_parallel < 1:
-        raise ConfigError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+    check_tensor_parallel(model, tensor_parallel)
     budget = hardware.memory_bytes * gpu_memory_utilization
     weights = model.weight_bytes / tensor_parallel
     act = (max_num_batched_tokens * (2 * model.intermediate_size + 4 * model.hidden_size) * model.bytes_per_param

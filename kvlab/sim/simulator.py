@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from kvlab.analysis.breakdowns import latency_stats
 from kvlab.arguments import require_instance
 from kvlab.cache import pool_blocks
+from kvlab.errors import ConfigError
 from kvlab.metrics import summarize
 from kvlab.names import canonical_keys
 from kvlab.policies.base import resolved_policy_params
@@ -43,7 +44,14 @@ from kvlab.schema import (
     check_policy_params,
 )
 from kvlab.sim.cost import CostModel
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, kv_pool_blocks, load_hardware, load_model
+from kvlab.sim.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    check_tensor_parallel,
+    kv_pool_blocks,
+    load_hardware,
+    load_model,
+)
 from kvlab.sim.scheduler import Entry, Request, RequestStatus, Scheduler, SimClock
 from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's public names (route_requests, ...)
     ROUTERS,
@@ -57,7 +65,7 @@ from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's publ
     serving_demand_blocks,
     trace_requests,
 )
-from kvlab.tiers.spec import TIMING_FIELDS, Tier, check_tiers
+from kvlab.tiers.spec import TIMING_FIELDS, Tier, checked_tier_options
 from kvlab.workload.workload import Workload, require_workload
 
 
@@ -115,7 +123,7 @@ class SimConfig(Schema):
 
     _policy_known = field_validator("policy")(check_policy_name)
     _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-    _tiers_unique = field_validator("tiers")(check_tiers)
+    _tier_rules = model_validator(mode="after")(checked_tier_options)  # kvlab.tiers.spec.check_tiers
 
     #: fields added after run identities were first written: left out of ``to_dict`` at their defaults, so a
     #: run without tiers keeps its run id
@@ -128,12 +136,15 @@ class SimConfig(Schema):
         if self.rate is not None and self.time_scale != 1.0:
             raise ValueError("give either rate (--rate) or time_scale (--time-scale), not both")
         timed = any(getattr(t, f) is not None for t in self.tiers for f in TIMING_FIELDS)
-        for name in ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier_prefetch", "kv_layout",
-                     "tier_sync_stores"):
+        for name in ("load_or_recompute", "tier_overlap", "tier_prefetch", "kv_layout", "tier_sync_stores"):
             if getattr(self, name) != self._LATER[name] and not self.tiers:
                 raise ValueError(f"{name} applies to the tiers below the device: give tiers too")
-            if name != "max_load_tokens" and getattr(self, name) != self._LATER[name] and not timed:
+            if getattr(self, name) != self._LATER[name] and not timed:
                 raise ValueError(f"{name} needs timed tiers (a tier naming a link=, kvlab.tiers.timing)")
+        if self.prefetch_timeout_s != self._LATER["prefetch_timeout_s"] and self.tier_prefetch != "timeout":
+            raise ValueError(f"prefetch_timeout_s ({self.prefetch_timeout_s:g} s) is the longest wait of "
+                             f"tier_prefetch=timeout; it has no effect with tier_prefetch={self.tier_prefetch}: give "
+                             "tier_prefetch timeout too, or leave prefetch_timeout_s out")
         if timed:
             missing = [t.name for t in self.tiers if t.link is None]
             if missing:
@@ -141,6 +152,19 @@ class SimConfig(Schema):
             if self.tier_prefetch != "off" and self.tiers[-1].medium is None:
                 raise ValueError(f"tier_prefetch reads the slowest tier into host memory: the last tier "
                                  f"{self.tiers[-1].name!r} needs a medium (medium=)")
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_fits(self) -> SimConfig:
+        """tensor_parallel divides the model's heads (kvlab.sim.profiles.check_tensor_parallel), checked here
+        for a model named by a shipped name or file; a ModelProfile given to simulate() is checked by CostModel."""
+        if self.tensor_parallel > 1:
+            try:
+                profile = load_model(self.model)
+            except ConfigError:  # not loadable by name: a profile object's name, or refused where it is loaded
+                profile = None
+            if profile is not None:
+                check_tensor_parallel(profile, self.tensor_parallel)
         return self
 
     def validate(self) -> None:

@@ -71,16 +71,39 @@ def presets() -> dict[str, Preset]:
     return {name: Preset(name=name, **fields) for name, fields in data["presets"].items()}
 
 
+#: a preset file's fields -> their JSON types (a boolean is never a number)
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str, "kind": str, "bandwidth": (int, float), "latency_s": (int, float), "queue_depth": int,
+    "write_bandwidth": (int, float), "write_latency_s": (int, float), "calibrated": bool, "description": str,
+    "source": str}
+
+
 def preset_file(path: str | Path) -> Preset:
     """A preset from a JSON file of its fields (``kind``, ``bandwidth``, ``latency_s``, optional ``queue_depth``,
     ``write_bandwidth``, ``write_latency_s``, ``calibrated``, ``description``, ``source``; ``name`` defaults to the
     file's stem): e.g. a disk measured by kvlab.engine.tiers.measure.medium_preset. ConfigError if malformed."""
+    from kvlab.inputs import check_finite, read_text
+
     path = Path(path)
+    text = read_text(path, "timing preset")  # a regular file (a FIFO would block), UTF-8
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"cannot read timing preset {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"timing preset {str(path)!r}: must be a JSON object of the preset's fields")
+    check_finite(data, f"timing preset {str(path)!r}")  # json reads NaN / Infinity: a NaN latency is faster than free
+    for key, value in data.items():
+        kind = _FIELD_TYPES.get(key)
+        if value is None and key in ("write_bandwidth", "write_latency_s"):
+            continue  # unset: the read side's
+        if kind is not None and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
+            what = {bool: "true or false", str: "a string", int: "an integer"}.get(kind, "a number")  # type: ignore[call-overload]
+            raise ConfigError(f"timing preset {str(path)!r}: {key} must be {what}, got {value!r}")
+    try:
         name = re.sub(r"[^A-Za-z0-9_]", "_", str(data.pop("name", path.stem)))
         p = Preset(name=name if name[:1].isalpha() else f"p_{name}", **data)
-    except (OSError, ValueError, TypeError) as exc:
+    except TypeError as exc:
         raise ConfigError(f"cannot read timing preset {str(path)!r}: {exc}") from None
     if p.kind not in ("link", "medium") or not p.bandwidth > 0 or p.latency_s < 0 or p.queue_depth < 1 or (
             p.write_bandwidth is not None and not p.write_bandwidth > 0) or (
@@ -95,8 +118,8 @@ def preset(name: str, kind: str | None = None) -> Preset:
     ``kind`` ("link" or "medium") if given. ConfigError (a ValueError) otherwise."""
     known = presets()
     p = known.get(name)
-    if p is None and name.endswith(".json") and Path(name).is_file():
-        p = preset_file(name)
+    if p is None and name.endswith(".json") and Path(name).exists():
+        p = preset_file(name)  # refuses a FIFO or folder by name (kvlab.inputs.regular_file)
     if p is None or (kind is not None and p.kind != kind):
         what = f"a {kind} preset" if kind else "a timing preset"
         names = sorted(n for n, q in known.items() if kind is None or q.kind == kind)
