@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -127,11 +128,9 @@ SIM_TIER_FIELDS = ("max_load_tokens", "load_or_recompute", "tier_overlap", "tier
 def _flag_words(message: str) -> str:
     """A SimConfig check's sentence with the tier fields it names spelled as their flags (``tier_overlap`` ->
     ``--tier-overlap``, ``give tiers`` -> ``give --tier``); names already followed by their flag are kept."""
-    import re
-
     from kvlab.schema import flag
 
-    for name in SIM_TIER_FIELDS:
+    for name in (*SIM_TIER_FIELDS, "tensor_parallel"):
         message = re.sub(rf"(?<![\w.-]){name}\b(?! \(--)", flag(name), message)
     return message.replace("give tiers too", "give --tier too")
 
@@ -274,7 +273,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with kvlab's error format: one ``kvlab: error: ...`` line naming the flag, exit code 2."""
+    """argparse with kvlab's error format: one ``kvlab: error: ...`` line naming the flag, exit code 2.
+
+    A value that starts with ``-`` and reads as a number (``--rate -inf``, ``-1e3``, ``-nan``) is a value, not
+    a flag (argparse alone takes only ``-1`` and ``-1.5`` so): the flag's own check then names what is wrong
+    with it (kvlab has no flag that looks like a number)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - argparse's
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf(inity)?$|nan$)", re.IGNORECASE)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix("kvlab").strip()

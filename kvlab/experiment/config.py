@@ -39,6 +39,7 @@ from pydantic import (
 from kvlab.analysis.spec import AnalysisSpec
 from kvlab.errors import ConfigError
 from kvlab.schema import (
+    NO_BOOL_NUMBERS,
     BlockSize,
     CapacityBlocks,
     CountingMode,
@@ -96,6 +97,7 @@ class Section(BaseModel):
     without its own ``__init__``, so that errors carry the whole field path from the experiment's root."""
 
     model_config = Schema.model_config
+    _no_bool_numbers = NO_BOOL_NUMBERS  # a boolean is never a number (kvlab.schema.refuse_bool_numbers)
     #: fields added later -> their defaults, left out of dumps at those defaults (:func:`_later_left_out`)
     _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {}
 
