@@ -157,8 +157,9 @@ def serve_workload(workload: Workload, config: ServingStudyConfig) -> tuple[dict
         for case in cases():
             result = simulate(workload, **_base(config), rate=rate, tiers=config.tiers(case.tiers),
                               load_or_recompute=case.load_or_recompute, tier_overlap=case.tier_overlap,
-                              tier_prefetch=case.tier_prefetch, prefetch_timeout_s=config.prefetch_timeout_s,
-                              kv_layout=config.kv_layout)
+                              tier_prefetch=case.tier_prefetch, kv_layout=config.kv_layout,
+                              **({"prefetch_timeout_s": config.prefetch_timeout_s}
+                                 if case.tier_prefetch == "timeout" else {}))  # SimConfig refuses it otherwise
             labels = {"trace": workload.name, "load": load, "rate_rps": rate, "configuration": case.label,
                       **asdict(case)}
             runs.append({**labels, **_run_row(result)})
