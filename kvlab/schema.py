@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvlab.errors import ConfigError
 
@@ -130,24 +130,38 @@ def _number_kind(annotation: Any) -> str | None:
             stack.extend(get_args(a))  # a union (typing.Union or X | Y)
         else:
             kinds.add(a)
-    if bool in kinds or Any in kinds or object in kinds:
+    if bool in kinds or Any in kinds or object in kinds or str in kinds:
         return None
     return "an integer" if int in kinds else "a number" if float in kinds else None
 
 
-def refuse_bool_numbers(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
-    """Field validator (before, every field): a boolean is never a number. pydantic's lax mode takes ``True`` as
-    1 for an int or float field (``capacity_blocks: true`` = one block); refused here, naming the field:
-    ``must be an integer, got True``. Used by :class:`Schema` and kvlab.experiment.config.Section."""
-    if isinstance(value, bool) and info.field_name in cls.model_fields:
-        kind = _number_kind(cls.model_fields[info.field_name].annotation)
-        if kind is not None:
-            raise ValueError(f"must be {kind}, got {value!r}")
-    return value
+class _BoolAsNumber:
+    """A boolean given for a number field: fails the field's own int/float validation, so the error keeps the
+    field's location (its flag, ``--tier`` key or dotted path) and reads ``must be an integer, got True (a
+    boolean)``."""
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"{self.value} (a boolean)"
+
+
+def refuse_bool_numbers(cls: type[BaseModel], data: Any) -> Any:
+    """Model validator (before): a boolean is never a number. pydantic's lax mode takes ``True`` as 1 for an int
+    or float field (``capacity_blocks: true`` = one block); here such a value is swapped for a marker the field's
+    own validation refuses, naming the field. A model validator, not a ``"*"`` field validator, since pydantic
+    refuses before-validators on a discriminated union's tag field (the workload families' ``family``). Used by
+    :class:`Schema`, kvlab.experiment.config.Section and kvlab.analysis.spec.AnalysisSpec."""
+    if not isinstance(data, dict):
+        return data
+    bad = [name for name, value in data.items() if isinstance(value, bool) and name in cls.model_fields
+           and _number_kind(cls.model_fields[name].annotation) is not None]
+    return {**data, **{name: _BoolAsNumber(data[name]) for name in bad}} if bad else data
 
 
 #: the validator to put in a model: ``_no_bool_numbers = NO_BOOL_NUMBERS``
-NO_BOOL_NUMBERS = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))  # type: ignore[arg-type]
+NO_BOOL_NUMBERS = model_validator(mode="before")(classmethod(refuse_bool_numbers))  # type: ignore[arg-type]
 
 
 class Schema(BaseModel):
