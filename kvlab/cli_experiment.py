@@ -101,8 +101,8 @@ def _with_intervals(table, experiment, folder: Path):  # noqa: ANN001, ANN202 - 
     fewer = table[table["ci_windows"] < a.windows]
     if len(fewer):
         least = int(fewer["warmed_requests"].min())
-        print(f"note: {len(fewer)} of {len(table)} runs have fewer requests after the warm-up than analysis.windows "
-              f"({a.windows}; fewest: {least}): their intervals use one window per request "
+        print(f"note: {len(fewer):,} of {len(table):,} runs have fewer requests after the warm-up than "
+              f"analysis.windows ({a.windows}; fewest: {least}): their intervals use one window per request "
               f"({', '.join(map(str, sorted({int(n) for n in fewer['ci_windows']})))} windows; a run with fewer than "
               "2 has none: '-'); a longer trace (trace.limit) or fewer analysis.windows gives steadier intervals")
     return table

@@ -14,9 +14,6 @@ from kvlab.experiment.config import Experiment
 from kvlab.results.runs import RUNS
 from kvlab.results.store import MANIFEST
 
-#: the fewest post-warm-up requests a run's interval needs (two batch-means windows of one request)
-MIN_WARMED = 2
-
 
 def _json(path: Path) -> dict:
     try:
@@ -68,19 +65,18 @@ def check_definition(folder: Path, record: dict, *, allow_redefine: bool = False
 
 
 def check_analysis(experiment: Experiment, sizes: dict[str, int], source: str | None = None) -> None:
-    """Refuse (ConfigError naming ``analysis.warmup_requests``) a warm-up that leaves fewer than
-    :data:`MIN_WARMED` requests of a run's workload to measure; ``sizes``: requests per run (run id -> count).
-    Fewer warmed requests than ``analysis.windows`` is not an error: the interval then uses one window per
-    request (kvlab.analysis.runs.run_intervals), which kvlab run says in a note."""
-    if not sizes:
-        return
+    """Refuse (ConfigError naming ``analysis.warmup_requests``) a warm-up that leaves no request of a run's
+    workload to measure; ``sizes``: requests per run (run id -> count). A warm-up that leaves fewer requests than
+    ``analysis.windows`` is not an error: the interval then uses one window per request, and none with fewer
+    than 2 (kvlab.analysis.runs.fitted_windows), which kvlab run says in a note."""
     warmup = experiment.analysis.warmup_requests
+    if not sizes or not warmup:
+        return
     smallest = min(sizes.values())
-    if smallest - warmup < MIN_WARMED:
-        raise ConfigError(f"{source + ': ' if source else ''}analysis.warmup_requests: {warmup:,} leaves "
-                          f"{max(smallest - warmup, 0):,} of a run's {smallest:,} requests to measure (at least "
-                          f"{MIN_WARMED} are needed); give at most {max(smallest - MIN_WARMED, 0):,}, or more "
-                          "requests (trace.limit)")
+    if warmup >= smallest:
+        raise ConfigError(f"{source + ': ' if source else ''}analysis.warmup_requests: {warmup:,} leaves none of a "
+                          f"run's {smallest:,} requests to measure; give fewer than {smallest:,} (or more requests: "
+                          "trace.limit)")
 
 
-__all__ = ["MIN_WARMED", "check_analysis", "check_definition"]
+__all__ = ["check_analysis", "check_definition"]
