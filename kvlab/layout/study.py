@@ -92,8 +92,9 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
     """Run (or, with ``resume``, read back) the study into ``out`` (module docstring)."""
     require_instance(config, LayoutStudyConfig, "config", optional=True)  # a path: LayoutStudyConfig.load(path)
     config = config or LayoutStudyConfig()
-    out = prepare_out(out, config)
+    check_out(out, config)  # a bad location, then a bad tokenizer, refused before the folder is created
     tokenizer = load_tokenizer(config.tokenizer)
+    out = prepare_out(out, config)
     parts: dict[str, list[pd.DataFrame]] = {"runs": [], "requests": [], "first_miss": []}
     summaries: dict[str, dict] = {}
     generated: dict[str, list] = {}
