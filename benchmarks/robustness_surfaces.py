@@ -97,14 +97,14 @@ def json_out(run: Any) -> dict:
 
 
 def py_case(cls: str, cid: str, desc: str, code: str, names: Sequence[str], *, inputs: Sequence[str] = (),
-            setup: Callable[[Any], None] | None = None, weight: float = 1.0) -> None:
+            setup: Callable[[Any], None] | None = None, timeout: float | None = None, weight: float = 1.0) -> None:
     """A snippet that must end in a kvlab ConfigError / ResultsError / ResultsLocationError naming ``names``."""
 
     def fn(ctx: Any) -> Any:
         use(ctx, *inputs)
         if setup is not None:
             setup(ctx)
-        run = py(ctx, code)
+        run = py(ctx, code, timeout=timeout)
         v = rb.judge_error(run, names)
         if v.outcome == "clear error" and not any(f": {e}: " in run.last_line for e in PY_ERRORS):
             return rb.Verdict("unclear error", f"not a kvlab error: {run.last_line}", run)
@@ -911,6 +911,9 @@ def _register_api() -> None:
             "w = load_trace('mc20.jsonl')\n"
             "replay(w, capacity_blocks=100, tiers=[Tier(name='dram', capacity_blocks=100, chunk_blocks=4, "
             "write='write_back')])\n", ["dram", "chunk"], inputs=("mc20",))
+    py_case(PA, "api.synthetic-chat-1e9", "synthetic_chat(10**9): refused naming n_requests (generators bounded "
+            "like the layout families), not a MemoryError or minutes of work",
+            "from kvlab.workload import synthetic_chat\nsynthetic_chat(10**9, seed=1)\n", ["n_requests"], timeout=10)
     py_case(PA, "api.replay-capacity-bool", "replay(w, capacity_blocks=True): a ConfigError naming capacity_blocks",
             "from kvlab.replay import replay\nfrom kvlab.workload import load_trace\n"
             "replay(load_trace('mc20.jsonl'), capacity_blocks=True)\n", ["capacity_blocks"], inputs=("mc20",))
