@@ -8,8 +8,8 @@ the 47 rows of ``../shared/cases/new-surfaces-2026-12-05.tsv`` is a case whose d
 
 Python-API cases run a small snippet as ``python -c`` (same timeout, address-space limit and environment as
 the command line) under a driver that turns a kvlab ``ConfigError`` / ``ResultsError`` /
-``ResultsLocationError`` (or a subclass) into the command line's last line (``kvlab: error: <ConfigError |
-ResultsError | ResultsLocationError>: <message>``, exit 2),
+``ResultsLocationError`` (or, for a trace file, a ``TraceFormatError``; subclasses included) into the command
+line's last line (``kvlab: error: <that class>: <message>``, exit 2),
 so the same judge applies; any other exception stays a traceback. Warnings are printed to stderr as
 ``warning: <Category>: <message>``. Inputs (``IN/`` of the TSV) are written once per catalogue run:
 ``mc20`` / ``mc300`` (the first 20 / 300 lines of the Mooncake conversation trace), ``nat60``
@@ -43,7 +43,7 @@ CLASSES = (EF, TS, SF, LS, TT, FG, RT, PA)
 """The new classes, after robustness.py's own (issue 10's) in the table."""
 
 FIFO_TIMEOUT = 15.0  # seconds: a command reading a FIFO that never gets a writer is a hang past this
-PY_ERRORS = ("ConfigError", "ResultsError", "ResultsLocationError")
+PY_ERRORS = ("ConfigError", "ResultsError", "ResultsLocationError", "TraceFormatError")
 
 rb: ModuleType  # benchmarks/robustness.py, bound by register_all
 
@@ -56,7 +56,8 @@ _PY_DRIVER = (
     "if lim > 0:\n"
     "    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))\n"
     "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "from kvlab.errors import ConfigError, ResultsError, ResultsLocationError\n"
+    "from kvlab.errors import ConfigError, ResultsError, ResultsLocationError, TraceFormatError\n"
+    "KVLAB_ERRORS = (ConfigError, ResultsError, ResultsLocationError, TraceFormatError)\n"
     "def _flush(caught):\n"
     "    for w in caught:\n"
     "        print(f'warning: {w.category.__name__}: {w.message}', file=sys.stderr)\n"
@@ -64,9 +65,9 @@ _PY_DRIVER = (
     "    warnings.simplefilter('always')\n"
     "    try:\n"
     "        exec(compile(sys.argv[2], '<case>', 'exec'), {'__name__': '__case__'})\n"
-    "    except (ConfigError, ResultsError, ResultsLocationError) as exc:\n"
+    "    except KVLAB_ERRORS as exc:\n"
     "        _flush(caught)\n"
-    "        base = next(b for b in (ConfigError, ResultsError, ResultsLocationError) if isinstance(exc, b))\n"
+    "        base = next(b for b in KVLAB_ERRORS if isinstance(exc, b))\n"
     "        print(f'kvlab: error: {base.__name__}: {exc}', file=sys.stderr)\n"
     "        sys.exit(2)\n"
     "_flush(caught)\n"
@@ -98,7 +99,7 @@ def json_out(run: Any) -> dict:
 
 def py_case(cls: str, cid: str, desc: str, code: str, names: Sequence[str], *, inputs: Sequence[str] = (),
             setup: Callable[[Any], None] | None = None, timeout: float | None = None, weight: float = 1.0) -> None:
-    """A snippet that must end in a kvlab ConfigError / ResultsError / ResultsLocationError naming ``names``."""
+    """A snippet that must end in a kvlab error (:data:`PY_ERRORS`) naming ``names``."""
 
     def fn(ctx: Any) -> Any:
         use(ctx, *inputs)
@@ -669,6 +670,12 @@ def _register_text() -> None:
                           "from kvlab.workload.render import Message, Part, render_prompt\n"
                           "render_prompt(load_tokenizer('byte'), [Message('user', (Part('user', "
                           "'bad \\ud800 surrogate'),))])\n", ["surrogate"])
+    py_case(TT, "tok.lone-surrogate-mt-bench", "an MT-Bench question file with a \\ud800 JSON escape: a "
+            "TraceFormatError naming the file, line and turns[0]",
+            "from kvlab.workload.text import mt_bench_sessions\nfrom kvlab.workload.tokenizer import load_tokenizer\n"
+            "mt_bench_sessions('q.jsonl', load_tokenizer('byte'))\n", ["q.jsonl:1", "turns[0]"],
+            setup=lambda ctx: ctx.write("q.jsonl", '{"question_id": 1, "category": "writing", '
+                                                   '"turns": ["bad \\ud800 one", "two"]}\n'))
     py_case(TT, "tok.lone-surrogate-encode", "ByteTokenizer.encode of a lone surrogate: a ConfigError",
             "from kvlab.workload.tokenizer import load_tokenizer\nload_tokenizer('byte').encode('x \\udfff y')\n",
             ["surrogate"])
