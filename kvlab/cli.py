@@ -337,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results", type=Path, default=Path("results"),
                      help="results root: runs go to RESULTS/<experiment name>/ (default results)")
     run.add_argument("--no-resume", action="store_true", help="recompute and replace runs already complete")
+    run.add_argument("--max-points", type=int, default=None, metavar="N",
+                     help="the most sweep points the experiment may have (default 100,000; counted before planning)")
+    run.add_argument("--allow-redefine", action="store_true",
+                     help="run a changed experiment into the folder of the earlier definition of the same name")
     run.add_argument("--paired", metavar="A,B", default=None,
                      help="print policy A - policy B per point with its interval (the same warmed windows)")
     run.add_argument("--no-figure", action="store_true",
@@ -346,10 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[common], help="the main job on the embedded default workload (no download)")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
-    run.add_argument("--max-points", type=int, default=None, metavar="N",
-                     help="the most sweep points the experiment may have (default 100,000; counted before planning)")
-    run.add_argument("--allow-redefine", action="store_true",
-                     help="run a changed experiment into the folder of the earlier definition of the same name")
     demo.add_argument("--quick", action="store_true", help="a smaller workload (tests, CI)")
     demo.add_argument("--quiet", action="store_true")
     demo.set_defaults(func=cmd_demo)

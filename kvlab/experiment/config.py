@@ -62,7 +62,6 @@ SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"
               "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s", "kv_layout")
 CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
 GIB = 1 << 30
-
 #: the most sweep points an experiment may have unless raised (``kvlab run --max-points``, ``max_points=``)
 MAX_POINTS = 100_000
 #: names an experiment may not take: each is a folder (or file) kvlab writes under RESULTS itself, or one its
@@ -80,6 +79,7 @@ RESERVED_NAMES = {
     "sweep.parquet": "sweep.parquet is a results folder's table",
     "sweep.csv": "sweep.csv is a results folder's table",
 }
+
 
 def _later_left_out(model: BaseModel, data: object) -> object:
     """``data`` (a dump of ``model``) without the fields of ``model._LATER_IN_DUMPS`` that hold their defaults
@@ -235,13 +235,6 @@ class Experiment(Schema):
 
     _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"engine": None, "analysis": AnalysisSpec().model_dump()}  # Section
 
-    def __init__(self, **data: Any) -> None:
-        try:
-            BaseModel.__init__(self, **data)
-        except ValidationError as exc:
-            raise ConfigError(validation_message(exc)) from None
-
-    @model_serializer(mode="wrap")
     @field_validator("name")
     @classmethod
     def _name_not_reserved(cls, value: str) -> str:
@@ -251,6 +244,13 @@ class Experiment(Schema):
                              f"{', '.join(RESERVED_NAMES)})")
         return value
 
+    def __init__(self, **data: Any) -> None:
+        try:
+            BaseModel.__init__(self, **data)
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc)) from None
+
+    @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
         return _later_left_out(self, handler(self))
 
@@ -472,7 +472,6 @@ def iter_points(sweep: Sweep) -> Iterator[dict]:
     slowest), each with every zip position."""
     grid_axes = list(sweep.grid.items())
     zipped = list(zip(*sweep.zip.values(), strict=True)) if sweep.zip else [()]
-    out = []
     for combo in itertools.product(*(values for _, values in grid_axes)):
         for z in zipped:
             yield {**dict(zip([k for k, _ in grid_axes], combo, strict=True)), **dict(zip(sweep.zip, z, strict=True))}
@@ -491,6 +490,7 @@ def expand(experiment: Experiment, source: str | None = None, *,
     (:func:`check_size`: more than ``max_points`` is refused before any is made)."""
     check_size(experiment.sweep, max_points, source)
     base = experiment.model_dump(mode="python", exclude={"sweep"})
+    out = []
     for i, point in enumerate(iter_points(experiment.sweep)):
         data = copy.deepcopy(base)
         for path, value in point.items():
