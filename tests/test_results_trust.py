@@ -166,6 +166,18 @@ def test_trace_edited_in_place_between_two_runs_is_warned(tmp_path: Path) -> Non
         kvlab.results.load(NAME, results=tmp_path / "res", strict=True)
 
 
+def test_trace_edited_in_place_is_read_again_in_the_same_process(tmp_path: Path) -> None:
+    """kvlab.experiment.drivers caches traces per process: the cache key holds the file's size, mtime and inode,
+    so a second run_experiment in one process (a notebook) after an in-place edit computes new runs."""
+    trace = write_trace(tmp_path / "t.jsonl")
+    file = write_experiment(tmp_path / "e.yaml", trace, policies=("lru",), capacities=(16, 64))
+    first = run_experiment(file, tmp_path / "res", progress=False)
+    trace.write_text("".join(trace.read_text().splitlines(keepends=True)[:60]))
+    second = run_experiment(file, tmp_path / "res", progress=False)
+    assert not set(first["run_id"]) & set(second["run_id"])
+    assert (first["requests"] == 120).all() and (second["requests"] == 60).all()
+
+
 def test_two_definitions_under_one_name_are_warned(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl")
     a = write_experiment(tmp_path / "a.yaml", trace, policies=("lru",), capacities=(16,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +31,19 @@ ENGINE_NOTE = ("engine times (ttft_s, tpot_s, wall_seconds, throughputs...) are 
 
 
 # ----------------------------------------------------------------------------- the workload
-@functools.cache
-def _workload(path: str, format: str | None, limit: int | None) -> Workload:
-    """The trace of a run, loaded once per process."""
+def _file_stamp(path: str) -> tuple | None:
+    """(size, mtime in ns, inode) of a trace file, or None for a name kvlab resolves (a registry trace): part of
+    the in-process trace caches' key, so a trace edited in place between two runs of one process is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+@functools.lru_cache(maxsize=4)
+def _workload(path: str, format: str | None, limit: int | None, stamp: tuple | None = None) -> Workload:
+    """The trace of a run, loaded once per process and file version (``stamp``: :func:`_file_stamp`)."""
     from kvlab.workload import load_trace
 
     workload = load_trace(path, format=format)
@@ -40,11 +51,12 @@ def _workload(path: str, format: str | None, limit: int | None) -> Workload:
 
 
 @functools.lru_cache(maxsize=16)
-def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: str) -> Workload:
+def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: str,
+               stamp: tuple | None = None) -> Workload:
     """One session resample of a trace (kvlab.analysis.resample_sessions), deterministic given ``seed``."""
     from kvlab.analysis.resample import prefix_groups, resample_sessions
 
-    workload = _workload(path, format, limit)
+    workload = _workload(path, format, limit, stamp)
     if by == "session" and workload.session is None:
         raise ConfigError(f"trace.resample_by: trace {path} has no session column; allowed here: 'prefix' or 'auto' "
                           "(requests sharing their first two prompt values form a session)")
@@ -55,9 +67,10 @@ def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: 
 def workload_of(run: Experiment) -> Workload:
     """The run's requests: the trace, its first ``limit``, then its session resample when ``resample_seed`` is set."""
     t = run.trace
+    stamp = _file_stamp(t.path)
     if t.resample_seed is None:
-        return _workload(t.path, t.format, t.limit)
-    return _resampled(t.path, t.format, t.limit, t.resample_seed, t.resample_by)
+        return _workload(t.path, t.format, t.limit, stamp)
+    return _resampled(t.path, t.format, t.limit, t.resample_seed, t.resample_by, stamp)
 
 
 def block_size_of(run: Experiment, workload: Workload) -> int:
@@ -182,7 +195,7 @@ def compute(run: Experiment, workload: Workload) -> tuple[dict[str, pd.DataFrame
         from kvlab.replay import encode, replay
         from kvlab.sweep import HASH_FIELDS
 
-        key = (run.trace.model_dump_json(), *(getattr(config, f) for f in HASH_FIELDS))
+        key = (run.trace.model_dump_json(), _file_stamp(run.trace.path), *(getattr(config, f) for f in HASH_FIELDS))
         if key not in _ENCODINGS:  # hashing once per trace and hash setting in this process
             _ENCODINGS.clear()
             _ENCODINGS[key] = encode(workload, config)
