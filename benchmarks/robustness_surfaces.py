@@ -210,7 +210,11 @@ def cached(ctx: Any, key: str, build: Callable[[Any, Path], Any]) -> Path:
         failed = folder.parent / f"{key}.failed"
         if not marker.exists() and not failed.exists():
             folder.mkdir(parents=True)
-            run = build(ctx, folder)
+            try:
+                run = build(ctx, folder)
+            except Exception as exc:  # recorded: every case needing the setup ends the same way
+                failed.write_text(json.dumps({"stderr_tail": f"{type(exc).__name__}: {exc}"}))
+                raise
             if run is not None and (run.rc != 0 or run.timed_out):
                 failed.write_text(json.dumps(run.record()))
             else:
