@@ -221,8 +221,12 @@ def cached(ctx: Any, key: str, build: Callable[[Any, Path], Any]) -> Path:
                 marker.write_text("")
         if failed.exists():
             rec = json.loads(failed.read_text())
-            raise rb.CaseFailed(rb.Verdict("harness error", f"the shared setup {key!r} failed: "
-                                                            f"{rec['stderr_tail'][-300:]}"))
+            if "argv" not in rec:
+                raise rb.CaseFailed(rb.Verdict("harness error", f"the shared setup {key!r} failed: "
+                                                                f"{rec['stderr_tail'][-300:]}"))
+            run = rb.Run(rec["argv"], rec["rc"], rec["stdout_tail"], rec["stderr_tail"], rec["seconds"],
+                         rec["timed_out"])
+            raise rb.CaseFailed(rb.failure_of(run, f"the shared setup {key!r} failed"))
     return folder
 
 
