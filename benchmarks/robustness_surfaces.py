@@ -379,6 +379,20 @@ def _register_experiment() -> None:
         run = ctx.run("run", "exp.yaml", "--results", "res", "--quiet")
         return before_runs(rb.judge_error(run, ["hit_rate_vs_capacity.png"]), ctx, "res", "y34")
 
+    def rerun_then_edit(ctx: Any) -> Any:
+        use(ctx, "mc300")
+        ctx.write("exp.yaml", exp_yaml(name="y36", extra=_grid({"cache.capacity_blocks": [100, 300]})))
+        png = "res/figures/y36/hit_rate_vs_capacity.png"
+        for attempt in ("first run", "rerun over its own figure"):
+            run = ctx.run("run", "exp.yaml", "--results", "res", "--quiet")
+            if run.rc != 0 or not ctx.path(png).is_file():
+                return rb.judge_ok(run, lambda: f"no {png}") if run.rc == 0 else rb.failure_of(run, attempt)
+        ctx.sentinel(png, "the user's edit of kvlab's figure\n")
+        return rb.judge_error(ctx.run("run", "exp.yaml", "--results", "res", "--quiet"), ["hit_rate_vs_capacity.png"])
+
+    rb.register(EF, "exp.figure-rerun-then-user-edit", "kvlab run twice replaces its own figure; after the user "
+                "edits it, a third run refuses naming it (an edited kvlab file counts as the user's)", rerun_then_edit,
+                weight=3)
     rb.register(EF, "exp.user-figure-in-figures-folder", "TSV#06: the user's own RESULTS/figures/<name>/"
                 "hit_rate_vs_capacity.png: refused before the runs, the file kept", user_figure, weight=2)
 
