@@ -362,6 +362,9 @@ def _register_experiment() -> None:
     exp_case("exp.grid-max-points-raised", "a 4-point grid with --max-points 4 runs its 4 points",
              exp_yaml(extra=_grid({"cache.capacity_blocks": [50, 100, 200, 300]})),
              args=["--no-figure", "--max-points", "4"], accept="ok", rows=4)
+    exp_case("exp.policy-params-bool", "cache.policy_params: {segments: true} for slru (a boolean is not 1 "
+             "segment)", exp_yaml(cache="{capacity_blocks: 300, policy: slru, policy_params: {segments: true}}"),
+             names=["segments"])
     exp_case("exp.duplicate-top-key", "TSV#04: two top-level 'cache:' keys: refused naming the key and line",
              "name: y1\ntrace: {path: mc300.jsonl}\ncache: {capacity_blocks: 100, policy: lru}\n"
              "cache: {capacity_blocks: 5000, policy: fifo}\n", names=["cache", "line 4"])
@@ -573,9 +576,12 @@ def _register_tiers() -> None:
 
     rb.register(TS, "tier.write-selective-spelling", "TSV#14: write=selective=3, the spelling --help showed: "
                 "accepted, or refused and --help shows only what the parser accepts", selective_spelling)
-    rb.register(TS, "tier.policy-param-duplicate", "--policy-param segments given twice: refused naming it",
+    rb.register("bad parameter", "policy-param.duplicate", "--policy-param segments given twice: refused naming it",
                 _cli_error_fn([*REPLAY_MC300, "--policy", "slru", "--policy-param", "segments=2",
                                "--policy-param", "segments=3"], ["segments"], ("mc300",)))
+    rb.register("bad parameter", "policy-param.bool", "--policy-param segments=true (a boolean is not 1 segment): "
+                "refused naming it", _cli_error_fn([*REPLAY_MC300, "--policy", "slru", "--policy-param",
+                                                    "segments=true", "--out", "o"], ["segments"], ("mc300",)))
 
 
 def _cli_error_fn(args: Sequence[str], names: Sequence[str], inputs: Sequence[str] = (),
@@ -667,6 +673,9 @@ def _register_layout() -> None:
                 "the field (not flags the command lacks)", ["layout-study", "l16.yaml", "--out", "l16", "--quiet"],
                 ["n_requests"], not_naming=["--limit", "capacity"],
                 write={"l16.yaml": LAYOUT.replace("n_requests: 4", "n_requests: 1000000000")})
+    rb.register(LS, "layout.cache-blocks-bool", "a layout config with cache_blocks: [true] (a boolean is not 1 "
+                "block)", _cli_error_fn(["layout-study", "lb.yaml", "--out", "lb", "--quiet"], ["cache_blocks"], write={
+                    "lb.yaml": LAYOUT.replace("cache_blocks: [512]", "cache_blocks: [true]")}))
     rb.register(LS, "layout.duplicate-key", "a layout config with block_size twice: refused naming it",
                 _cli_error_fn(["layout-study", "dup.yaml", "--out", "ld", "--quiet"], ["block_size", "line"],
                               write={"dup.yaml": LAYOUT + "block_size: 32\n"}))
