@@ -794,7 +794,7 @@ def _run_dirs(folder: Path) -> list[Path]:
     return sorted(p for p in (folder / "runs").iterdir() if p.is_dir())
 
 
-def _damaged_load(damage: Callable[[Path], list[str]]) -> Callable[[Any], Any]:
+def _damaged_load(damage: Callable[[Path], list[str]], timeout: float | None = None) -> Callable[[Any], Any]:
     """Damage a copy of kexp (``damage`` returns the run ids it touched); load() must warn naming one."""
 
     def fn(ctx: Any) -> Any:
@@ -805,7 +805,7 @@ def _damaged_load(damage: Callable[[Path], list[str]]) -> Callable[[Any], Any]:
                 "try:\n    R.load('kexp', results='c1', strict=True)\n"
                 "except ResultsError as exc:\n    print(json.dumps({'strict': str(exc)}))\n"
                 "else:\n    print(json.dumps({'strict': None}))\n")
-        run = py(ctx, code)
+        run = py(ctx, code, timeout=timeout)
 
         def check() -> str | None:
             warned = warnings_of(run)
@@ -828,6 +828,13 @@ def _truncate_requests(exp: Path) -> list[str]:
     p = run / "requests.parquet"
     with open(p, "r+b") as f:
         f.truncate(p.stat().st_size // 2)
+    return [run.name]
+
+
+def _fifo_manifest(exp: Path) -> list[str]:
+    run = _run_dirs(exp)[1]
+    (run / "manifest.json").unlink()
+    os.mkfifo(run / "manifest.json")
     return [run.name]
 
 
@@ -854,6 +861,8 @@ def _register_results() -> None:
     rb.register(RT, "res.load-truncated-run", "TSV#34: load() with one run's requests.parquet truncated: a "
                 "ResultsWarning naming the run (strict=True: ResultsError)", _damaged_load(_truncate_requests),
                 weight=2)
+    rb.register(RT, "res.load-fifo-manifest", "load() with a FIFO as one run's manifest.json: a ResultsWarning "
+                "naming the run, no hang", _damaged_load(_fifo_manifest, timeout=FIFO_TIMEOUT), weight=2)
     rb.register(RT, "res.load-swapped-requests", "TSV#35: load() after swapping two runs' requests.parquet: a "
                 "ResultsWarning naming them", _damaged_load(_swap_requests), weight=2)
     rb.register(RT, "res.load-swapped-run-folders", "TSV#36: load() after exchanging two run folders' names: a "
