@@ -887,6 +887,14 @@ def _register_results() -> None:
 
     rb.register(RT, "res.load-foreign-replay-run", "load() of an experiment folder holding a run kvlab replay wrote "
                 "(copied in by hand): a ResultsWarning naming it (strict=True: ResultsError)", foreign_run, weight=2)
+    def resume_fifo(ctx: Any) -> Any:
+        exp = _kexp(ctx, "c5")
+        touched = _fifo_manifest(exp)
+        run = ctx.run("run", "kexp.yaml", "--results", "c5", "--quiet", "--no-figure", timeout=FIFO_TIMEOUT)
+        return rb.judge_either(run, [touched[0]], run_check(ctx, "c5", "kexp", 4))
+
+    rb.register(RT, "res.resume-fifo-manifest", "kvlab run resumed over a run whose manifest.json is a FIFO: "
+                "refused naming the run, or the table complete; no hang", resume_fifo, weight=2)
     rb.register(RT, "res.resume-rebuilds-corrupt-sweep", "TSV#37: kvlab run resumed (every run complete) over a "
                 "truncated sweep.parquet: the table is rebuilt", corrupt_sweep, weight=2)
 
