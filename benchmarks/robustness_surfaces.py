@@ -521,8 +521,7 @@ REPLAY_MC300 = ["replay", "mc300.jsonl", "--capacity-blocks", "300", "--quiet"]
 def _tier_case(cid: str, desc: str, tiers: Sequence[str], names: Sequence[str], *, backends: Sequence[str] =
                ("default",)) -> None:
     """``kvlab replay mc300 --tier ...`` on each backend (the default: the compiled kernel): a clear error, no
-    output folder. tests/test_tier_rules.py runs every rule on both backends and three entry points; here the
-    first rule also runs on the Python backend."""
+    output folder. tests/test_tier_rules.py runs every rule on both backends and three entry points."""
     for backend in backends:
         extra = [] if backend == "default" else ["--backend", backend]
         args = [*REPLAY_MC300, *[a for t in tiers for a in ("--tier", t)], *extra, "--out", "t"]
@@ -541,7 +540,7 @@ def _tier_case(cid: str, desc: str, tiers: Sequence[str], names: Sequence[str], 
 
 def _register_tiers() -> None:
     _tier_case("tier.chunk4-write-back", "TSV#10: chunk=4 with write=write_back (documented as refused)",
-               ["dram:blocks=100:chunk=4:write=write_back"], ["dram", "chunk"], backends=("default", "python"))
+               ["dram:blocks=100:chunk=4:write=write_back"], ["dram", "chunk"])
     _tier_case("tier.write-back-below-chunk2", "TSV#11: a write_back tier below a chunk=2 tier",
                ["a:blocks=100:chunk=2", "b:blocks=100:write=write_back"], ["'b'", "chunk"])
     _tier_case("tier.smaller-than-chunk", "TSV#12: a tier of 3 blocks with chunk=4 (no whole chunk fits)",
@@ -949,12 +948,6 @@ def _register_api() -> None:
     py_case(PA, "api.tier-capacity-bool", "TSV#41: Tier(name='dram', capacity_blocks=True): a ConfigError naming "
             "capacity_blocks", "from kvlab.tiers import Tier\nprint(Tier(name='dram', capacity_blocks=True))\n",
             ["capacity_blocks"])
-    py_case(PA, "api.tier-chunk4-write-back", "replay(w, tiers=[Tier(chunk_blocks=4, write='write_back')]) on the "
-            "default backend: a ConfigError naming the tier (as the Python backend)",
-            "from kvlab.replay import replay\nfrom kvlab.tiers import Tier\nfrom kvlab.workload import load_trace\n"
-            "w = load_trace('mc20.jsonl')\n"
-            "replay(w, capacity_blocks=100, tiers=[Tier(name='dram', capacity_blocks=100, chunk_blocks=4, "
-            "write='write_back')])\n", ["dram", "chunk"], inputs=("mc20",))
     py_case(PA, "api.load-none", "kvlab.results.load(None): a ConfigError naming the argument (not a TypeError)",
             "import kvlab.results\nkvlab.results.load(None)\n", ["experiment"])
     py_case(PA, "api.read-results-none", "kvlab.results.read_results(None): a ConfigError naming the argument",
@@ -970,9 +963,6 @@ def _register_api() -> None:
     py_case(PA, "api.synthetic-chat-1e9", "synthetic_chat(10**9): refused naming n_requests (generators bounded "
             "like the layout families), not a MemoryError or minutes of work",
             "from kvlab.workload import synthetic_chat\nsynthetic_chat(10**9, seed=1)\n", ["n_requests"], timeout=10)
-    py_case(PA, "api.replay-capacity-bool", "replay(w, capacity_blocks=True): a ConfigError naming capacity_blocks",
-            "from kvlab.replay import replay\nfrom kvlab.workload import load_trace\n"
-            "replay(load_trace('mc20.jsonl'), capacity_blocks=True)\n", ["capacity_blocks"], inputs=("mc20",))
 
 
 def register_all(core: ModuleType) -> None:
