@@ -31,14 +31,19 @@ ENGINE_NOTE = ("engine times (ttft_s, tpot_s, wall_seconds, throughputs...) are 
 
 
 # ----------------------------------------------------------------------------- the workload
+_STAMPS: dict[str, tuple] = {}  # trace path -> the file version this process read last
+
+
 def _file_stamp(path: str) -> tuple | None:
-    """(size, mtime in ns, inode) of a trace file, or None for a name kvlab resolves (a registry trace): part of
-    the in-process trace caches' key, so a trace edited in place between two runs of one process is read again."""
+    """(size, mtime in ns, inode) of a trace file: part of the in-process trace caches' key, so a trace edited in
+    place between two runs of one process is read again. None for a name kvlab resolves (a registry trace); a
+    file that vanished since this process read it keeps its last version (the copy in memory is that trace)."""
     try:
         st = os.stat(path)
     except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
+        return _STAMPS.get(path)
+    _STAMPS[path] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return _STAMPS[path]
 
 
 @functools.lru_cache(maxsize=4)
