@@ -209,3 +209,15 @@ def test_plain_number_arguments_refuse_bools_and_strings(small):
         lru_curve(small, capacities="100")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^mini_curve: sample_rate must be a finite number, got a bool"):
         mini_curve(small, "lru", [10], sample_rate=True)
+
+
+@pytest.mark.parametrize("make", ["synthetic_chat", "zipf_blocks"])
+def test_generators_are_bounded_before_any_work(make: str) -> None:
+    """A generator's request count is checked before anything is generated: 10**9 and booleans are refused
+    naming n_requests (10**9 requests would take minutes and exhaust memory)."""
+    import kvlab.workload.generate as gen
+
+    for bad, words in ((10**9, "1,000,000"), (True, "must be an integer")):
+        with pytest.raises(ConfigError, match=words) as info:
+            getattr(gen, make)(bad)
+        assert f"{make}: n_requests" in str(info.value)

@@ -15,6 +15,22 @@ from kvlab.errors import ConfigError
 from kvlab.workload._common import csr
 from kvlab.workload.workload import Workload
 
+#: the most requests a generator makes in one call (synthetic_chat averages ~1,550 prompt tokens a request, so
+#: 10**6 requests are ~1.5 G tokens, ~6 GiB as int32: near what a 24 GiB machine can hash and replay)
+MAX_GENERATED_REQUESTS = 1_000_000
+
+
+def _check_count(function: str, n_requests: object) -> None:
+    """``n_requests`` an integer (never a bool) in [0, MAX_GENERATED_REQUESTS]; ConfigError naming it otherwise,
+    before anything is generated."""
+    import numbers
+
+    if isinstance(n_requests, bool) or not isinstance(n_requests, numbers.Integral):
+        raise ConfigError(f"{function}: n_requests must be an integer, got {n_requests!r}")
+    if not 0 <= n_requests <= MAX_GENERATED_REQUESTS:
+        raise ConfigError(f"{function}: n_requests must be in [0, {MAX_GENERATED_REQUESTS:,}] (the generators' "
+                          f"bound: memory grows with it), got {n_requests:,}")
+
 
 def _zipf_weights(n: int, a: float) -> np.ndarray:
     w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** a
@@ -69,6 +85,7 @@ def synthetic_chat(
     ``[vocab_offset, vocab_size)``. The defaults give 2,000 requests in ~740 sessions, ~3.1 M prompt
     tokens over ~12 minutes.
     """
+    _check_count("synthetic_chat", n_requests)
     if n_requests < 0 or n_tenants < 1 or n_docs < 1 or max_turns < 1 or mean_turns < 1:
         raise ConfigError("synthetic_chat: need n_requests >= 0, n_tenants, n_docs, max_turns >= 1, mean_turns >= 1")
     if not 0 <= vocab_offset < vocab_size:
@@ -177,6 +194,7 @@ def zipf_blocks(
     always a full block). Poisson arrivals at ``rate`` per second; output lengths uniform in
     ``[1, max_output]``. Ids are dense: prefix ids first, then suffix ids in request order.
     """
+    _check_count("zipf_blocks", n_requests)
     if n_requests < 0 or n_prefixes < 1 or block_size < 1 or prefix_blocks[0] < 1 or rate <= 0:
         raise ConfigError("zipf_blocks: need n_requests >= 0, n_prefixes, block_size, prefix_blocks >= 1, rate > 0")
     rng = np.random.Generator(np.random.PCG64(seed))
