@@ -130,7 +130,7 @@ def test_every_number_has_a_lower_bound_and_the_open_ended_are_known():
 @pytest.mark.parametrize(("name", "param", "kind"), [
     (n, p.name, k) for n, p in declared() for k, _ in numeric_members(p.annotation)
     if set(members(p.annotation)) <= {int, float, type(None)}])
-@pytest.mark.parametrize("value", ["abc", [1], {"a": 1}])
+@pytest.mark.parametrize("value", ["abc", [1], {"a": 1}, True, False])
 def test_ill_typed_numbers_refused(name, param, kind, value):
     refuses(name, {param: value}, rf"^policy '{re.escape(name)}': parameter '{param}' must be ")
     if kind is int:
@@ -184,10 +184,32 @@ def test_resolved_params_are_canonical(name, params, expected):
     ("prefix-aware", {"inner": "nope"}),
     ("prefix-aware", {"inner": 3}),
     ("prefix-aware", {"inner_params": [1]}),
+    ("slru", {"segments": [1.0, True]}),
+    ("trtllm-priority", {"priorities": [(0, True, 90)]}),
+    ("ttl", {"by_category": {"a": True}}),
 ])
 def test_nested_values_refused(name, params):
     param = next(iter(params))
     refuses(name, params, rf"^policy '{re.escape(name)}': parameter '{param}' must be ")
+
+
+def test_a_boolean_parameter_keeps_true_and_false():
+    """A boolean is never a number, but a parameter declared boolean still takes True/False."""
+    from kvlab.policies.lru import LRU
+
+    class Flagged(LRU):
+        def __init__(self, flag: Annotated[bool, Field()] = False,
+                     n: Annotated[int, Field(ge=0)] = 1) -> None:
+            super().__init__()
+            self.flag = flag
+
+    register_policy("test-flagged", replace=True)(Flagged)
+    try:
+        assert make_policy("test-flagged", flag=True).flag is True
+        assert resolved_policy_params("test-flagged", {"flag": False}) == {"flag": False, "n": 1}
+        refuses("test-flagged", {"n": True}, r"^policy 'test-flagged': parameter 'n' must be ")
+    finally:
+        policy_base._REGISTRY.pop("test-flagged", None)
 
 
 def test_nested_bounds_accepted_just_inside():

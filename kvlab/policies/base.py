@@ -142,6 +142,8 @@ class PolicyParam:
         ConfigError naming the policy, the parameter, the allowed values and ``value`` otherwise."""
         if self.adapter is None:
             return value
+        if bool_for_number(self.annotation, value):
+            raise param_error(policy, self.name, self.allowed, value)
         try:
             return self.adapter.validate_python(value)
         except ValidationError:
@@ -155,6 +157,33 @@ class PolicyParam:
             return self.adapter.dump_python(value, mode="json")
         except PydanticSerializationError:  # e.g. a policy instance given as prefix-aware's ``inner``
             return value
+
+
+def _members(tp: object) -> list[object]:
+    """The alternatives of ``tp`` (inside ``Annotated`` and unions)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for a in get_args(tp) for m in _members(a)]
+    return [tp]
+
+
+def bool_for_number(tp: object, value: object) -> bool:
+    """Whether ``value`` holds a boolean (at the top or inside lists and mappings) where the declared type
+    ``tp`` takes a number and no boolean (a boolean is never a number: pydantic's lax mode would take ``True``
+    as 1; the rule of :func:`kvlab.schema.refuse_bool_numbers`). A parameter that is boolean keeps True/False."""
+    from kvlab.schema import _number_kind
+
+    if isinstance(value, bool):
+        return _number_kind(tp) is not None
+    if isinstance(value, list | tuple | dict):
+        seq = isinstance(value, list | tuple)
+        inner = [get_args(m)[0 if seq else -1] for m in _members(tp) if get_args(m)
+                 and get_origin(m) in ((list, tuple, Sequence) if seq else (dict,))]
+        items = value if seq else value.values()  # type: ignore[union-attr]
+        return bool(inner) and any(all(bool_for_number(t, v) for t in inner) for v in items)
+    return False
 
 
 def param_error(policy: str, param: str, allowed: str, value: object) -> ConfigError:
