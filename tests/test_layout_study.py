@@ -85,6 +85,9 @@ def test_layout_study_command_writes_tidy_results_and_resumes(tiny, tmp_path, ca
 @pytest.mark.parametrize(("text", "message"), [
     ("block_size: 0\n", r"study.yaml: block_size: must be in \[1, 65536\], got 0$"),
     ("cache_blocks: [512, -1]\n", r"study.yaml: cache_blocks: must be greater than or equal to 1, got -1"),
+    ("cache_blocks: [512, true]\n", r"study.yaml: cache_blocks: item 1 must be an integer \(blocks\) or null, "
+     r"got True \(a boolean\)$"),
+    ("cache_blocks: true\n", r"study.yaml: cache_blocks: must be a valid list"),
     ("nonsense: 1\n", r"study.yaml: nonsense: is not a known parameter"),
     ("families: {x: {family: pizza}}\n", r"study.yaml: families.x.family: 'pizza' is not a workload family"),
     ("families: {x: {family: rag, config: {k: 0}}}\n", r"study.yaml: families.x.config: RAGConfig.k: must be in"),

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvlab.errors import ConfigError
 from kvlab.layout.base import Layout
@@ -153,6 +153,17 @@ class LayoutStudyConfig(Schema):
         default_factory=lambda: {k: FamilySpec(**v) for k, v in DEFAULT_FAMILIES.items()})
     boundary: BoundarySpec = Field(default_factory=BoundarySpec)
     answers: AnswersSpec = Field(default_factory=AnswersSpec)
+
+    @field_validator("cache_blocks", mode="before")
+    @classmethod
+    def _no_bool_blocks(cls, value: Any) -> Any:
+        """A boolean is never a block count (``cache_blocks: [true]`` is not 1 block; kvlab.schema's rule,
+        which covers top-level fields, applied to the list's items)."""
+        if isinstance(value, list | tuple):
+            bad = next((k for k, v in enumerate(value) if isinstance(v, bool)), None)
+            if bad is not None:
+                raise ValueError(f"item {bad} must be an integer (blocks) or null, got {value[bad]} (a boolean)")
+        return value
 
     @model_validator(mode="after")
     def _resolves(self) -> LayoutStudyConfig:
