@@ -173,6 +173,8 @@ KEPT_FIELDS = ("experiment",)
 
 def _read_folder_manifest(out: Path) -> dict:
     """The sweep folder's manifest as recorded ({} when unreadable: the next table rewrites it)."""
+    if not (out / MANIFEST).is_file():  # stat only: a FIFO would block the reader
+        return {}
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):

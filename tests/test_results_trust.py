@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -222,6 +223,56 @@ def _rewrite_requests(run: Path, frame: pd.DataFrame) -> None:
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["files"]["requests.parquet"] = file_entry(run / "requests.parquet")
     (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture
+def no_hang():
+    """Fail (instead of blocking the suite) when the test takes over 60 s: a FIFO opened for reading blocks."""
+    def hung(*_: object) -> None:
+        raise AssertionError("blocked reading a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def fifo_instead_of(file: Path) -> Path:
+    file.unlink()
+    os.mkfifo(file)
+    return file
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "summary.json", "requests.parquet"])
+def test_a_fifo_in_a_run_makes_it_damaged_never_blocks(res: Path, no_hang: None, name: str) -> None:
+    victim = run_dirs(res)[1]
+    fifo_instead_of(victim / name)
+    table, messages = load_warned(res)
+    assert len(table) == RUNS - 1 and len(messages) == 1
+    assert victim.name in messages[0] and "FIFO" in messages[0] and "\n" not in messages[0]
+    with pytest.raises(ResultsError, match=rf"{name}: is a FIFO \(named pipe\), not a regular file"):
+        read_results(victim)
+    assert not kvlab.results.is_complete(victim)
+
+
+def test_resume_over_a_fifo_manifest_is_refused_naming_the_run(res: Path, made: Path, no_hang: None) -> None:
+    """kvlab never replaces what it did not write: the run folder is refused (one line), the FIFO kept."""
+    victim = run_dirs(res)[0]
+    fifo_instead_of(victim / "manifest.json")
+    with pytest.raises(ResultsLocationError, match=rf"{victim.name}: holds an unreadable manifest\.json.*FIFO") as got:
+        run_experiment(made / "kexp.yaml", res.parent, progress=False)
+    assert "\n" not in str(got.value)
+    assert (victim / "manifest.json").is_fifo()
+
+
+def test_a_fifo_as_the_folder_manifest_or_table_never_blocks(res: Path, no_hang: None) -> None:
+    fifo_instead_of(res / "sweep.parquet")
+    assert "sweep.parquet" in (table_problem(res) or "")
+    with pytest.raises(ResultsError, match="is a FIFO"):
+        kvlab.results.read_table(res / "sweep.parquet")
+    fifo_instead_of(res / "manifest.json")
+    assert len(load_warned(res)[0]) == RUNS
 
 
 def test_read_results_refuses_columns_not_in_the_metric_table(res: Path) -> None:

@@ -16,6 +16,8 @@ from kvlab.results.store import MANIFEST
 
 
 def _json(path: Path) -> dict:
+    if not path.is_file():  # stat only: a FIFO would block the reader
+        return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError):

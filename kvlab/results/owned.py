@@ -39,6 +39,8 @@ def _transient(name: str) -> bool:
 
 def read_listing(folder: Path) -> dict[str, str] | None:
     """``{file name: sha256}`` of an owned folder, or None when ``folder`` holds no (valid) listing."""
+    if not (Path(folder) / LISTING).is_file():  # stat only: a FIFO would block the reader
+        return None
     try:
         data = json.loads((Path(folder) / LISTING).read_text())
     except (OSError, ValueError, UnicodeDecodeError):

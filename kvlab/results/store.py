@@ -23,6 +23,7 @@ import io
 import json
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
@@ -169,8 +170,8 @@ def manifest_kind(manifest: object) -> str | None:
 def folder_kind(path: Path) -> str | None:
     """The kind of kvlab result in folder ``path`` (from its manifest), None if it holds none."""
     try:
-        return manifest_kind(json.loads((path / MANIFEST).read_text()))
-    except (OSError, ValueError):
+        return manifest_kind(json.loads(regular_result_file(path / MANIFEST).read_text()))
+    except (OSError, ValueError, ResultsError):
         return None
 
 
@@ -220,8 +221,8 @@ def check_output_location(out: str | os.PathLike, kind: str = "run", *, experime
             found = folder_kind(out)
             if found is None and MANIFEST in entries:
                 try:
-                    json.loads((out / MANIFEST).read_text())
-                except (ValueError, OSError) as exc:
+                    json.loads(regular_result_file(out / MANIFEST).read_text())
+                except (ValueError, OSError, ResultsError) as exc:
                     raise _refuse(out, f"holds an unreadable {MANIFEST} ({_one_line(exc)})",
                                   "repair or move it, or give another folder") from None
             if found is None:
@@ -310,11 +311,43 @@ def write_results(out: str | Path, tables: dict[str, pd.DataFrame], summary: dic
 
 
 # ----------------------------------------------------------------------------- reading a run back
+def _not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` (``st_mode``) is not read as a result file (a FIFO would block the reader, a
+    device never ends), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+
+
+def regular_result_file(file: Path) -> Path:
+    """``file`` if it is a regular file (``stat``, symbolic links followed, never opened); ResultsError naming it
+    otherwise: ``missing``, or ``is a FIFO (named pipe), not a regular file`` (the run counts as damaged). Every
+    file read from a results folder is checked so first (kvlab.inputs.regular_file is the rule for inputs)."""
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        raise ResultsError(f"{file}: missing") from None
+    except OSError as exc:
+        raise ResultsError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    kind = _not_regular(mode)
+    if kind is not None:
+        raise ResultsError(f"{file}: is {kind}, not a regular file (damaged; kvlab never wrote it)")
+    return file
+
+
 def read_manifest(path: str | Path) -> dict:
-    """The manifest of results folder ``path``; ResultsError naming the file when absent or not valid."""
+    """The manifest of results folder ``path``; ResultsError naming the file when absent, not a regular file
+    or not valid."""
     file = Path(path) / MANIFEST
     try:
+        regular_result_file(file)
         text = file.read_text()
+    except ResultsError:
+        if not os.path.lexists(file):
+            raise ResultsError(f"{path}: not a kvlab results folder (no {MANIFEST})") from None
+        raise
     except FileNotFoundError:
         raise ResultsError(f"{path}: not a kvlab results folder (no {MANIFEST})") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -339,8 +372,10 @@ def verify_files(path: Path, manifest: dict) -> None:
             raise ResultsError(f"{path / MANIFEST}: bad file entry {name!r}")
         file = path / name
         try:
-            size = file.stat().st_size
-        except FileNotFoundError:
+            size = regular_result_file(file).stat().st_size
+        except (ResultsError, FileNotFoundError):
+            if os.path.lexists(file):
+                raise
             raise ResultsError(f"{file}: missing (listed in {MANIFEST})") from None
         if size != entry.get("bytes"):
             raise ResultsError(f"{file}: {size} bytes, but {MANIFEST} records {entry.get('bytes')} "
@@ -371,6 +406,7 @@ def _one_line(exc: BaseException) -> str:
 def read_table(file: Path) -> pd.DataFrame:
     """A parquet table under today's column names (kvlab.names); ResultsError naming the file when
     missing or unreadable (truncated, corrupt)."""
+    regular_result_file(file)
     try:
         return canonical_columns(pd.read_parquet(file))
     except FileNotFoundError:
@@ -381,6 +417,7 @@ def read_table(file: Path) -> pd.DataFrame:
 
 def read_json(file: Path) -> object:
     """A JSON file; ResultsError naming the file when missing or not valid JSON."""
+    regular_result_file(file)
     try:
         return json.loads(file.read_text())
     except FileNotFoundError:
@@ -390,13 +427,23 @@ def read_json(file: Path) -> object:
 
 
 def _read_at(dfd: int, name: str, where: Path) -> bytes:
-    """The bytes of ``name`` in the folder open as ``dfd`` (ResultsError naming ``where / name``)."""
+    """The bytes of regular file ``name`` in the folder open as ``dfd`` (ResultsError naming ``where / name``;
+    a FIFO or device is refused by ``stat`` before opening, and opened non-blocking then checked again, so a
+    file swapped in between cannot block the reader either)."""
     try:
-        fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+        kind = _not_regular(os.stat(name, dir_fd=dfd).st_mode)
+        if kind is None:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dfd)
+            kind = _not_regular(os.fstat(fd).st_mode)
+            if kind is not None:
+                os.close(fd)
     except FileNotFoundError:
         raise ResultsError(f"{where / name}: missing") from None
     except OSError as exc:
         raise ResultsError(f"{where / name}: cannot be read ({exc.strerror or exc})") from None
+    if kind is not None:
+        raise ResultsError(f"{where / name}: is {kind}, not a regular file (damaged; kvlab never wrote it)")
+    os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 

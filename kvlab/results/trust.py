@@ -70,6 +70,8 @@ def trace_of(manifest: dict) -> tuple[str, str | None]:
 
 
 def _json(file: Path) -> dict | None:
+    if not file.is_file():  # stat only: a FIFO would block the reader
+        return None
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError):
