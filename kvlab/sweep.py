@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -75,11 +76,17 @@ def grid(
     ``tiers``: one list of :class:`~kvlab.tiers.Tier` (every run has them), or a list of such lists (a sweep
     axis: one run per list; ``[]`` in it is a run without tiers), e.g. ``[[Tier(name="dram",
     capacity_blocks=c)] for c in (1000, 10000)]``. A run without tiers drops ``model`` and
-    ``max_load_tokens`` (they change nothing there), so it keeps the run id of a plain replay."""
+    ``max_load_tokens`` (they change nothing there), so it keeps the run id of a plain replay.
+
+    Each capacity is validated by ReplayConfig as given (integers, numpy's too, as ``int``): a boolean is never
+    a block count (``grid([True, 100])`` is refused naming ``capacity_blocks``, not run as 1 block)."""
+    if isinstance(capacities, str | bytes) or not isinstance(capacities, Iterable):
+        raise ConfigError(f"grid: capacities (capacity_blocks) must be a list of integers, got {kind_of(capacities)}")
+    capacities = [int(c) if isinstance(c, numbers.Integral) and not isinstance(c, bool) else c for c in capacities]
     out = []
     for p, c, m, ts in itertools.product(policies, capacities, modes, tier_axis(tiers)):
         fields = dict(common) if ts else {k: v for k, v in common.items() if k not in ("model", "max_load_tokens")}
-        out.append(ReplayConfig(capacity_blocks=int(c), policy=p, mode=m, tiers=ts, **fields))  # type: ignore[arg-type]
+        out.append(ReplayConfig(capacity_blocks=c, policy=p, mode=m, tiers=ts, **fields))  # type: ignore[arg-type]
     return out
 
 

@@ -221,3 +221,37 @@ def test_generators_are_bounded_before_any_work(make: str) -> None:
         with pytest.raises(ConfigError, match=words) as info:
             getattr(gen, make)(bad)
         assert f"{make}: n_requests" in str(info.value)
+
+
+def test_results_and_experiment_entry_points_name_the_argument(tmp_path) -> None:
+    """load / read_results / run_experiment with a wrong type: one ConfigError naming the argument (not a
+    TypeError); run_experiment refuses a dict (Experiment(**data) makes one) before anything is written."""
+    import kvlab.results
+    from kvlab.experiment import run_experiment
+
+    with pytest.raises(ConfigError, match=r"^experiment: expected an experiment name.*, got None$"):
+        kvlab.results.load(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^results: expected the results root folder .*, got an int$"):
+        kvlab.results.load("x", results=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^path: expected a run's results folder .*, got None$"):
+        kvlab.results.read_results(None)  # type: ignore[arg-type]
+    data = {"name": "x", "trace": {"path": "t.jsonl"}, "cache": {"capacity_blocks": 100}}
+    with pytest.raises(ConfigError, match=r"^experiment: expected an Experiment or the path .*, got a dict; "
+                                          r"build one with Experiment\(\*\*data\)$"):
+        run_experiment(data, tmp_path / "res", progress=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^results: expected the results root folder"):
+        run_experiment(tmp_path / "x.yaml", None, progress=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "res").exists()
+
+
+def test_sweep_grid_refuses_boolean_capacities() -> None:
+    """grid([True, 100]) is not a 1-block run: refused naming capacity_blocks; integers (numpy's too) kept."""
+    import numpy as np
+
+    from kvlab.sweep import grid
+
+    with pytest.raises(ConfigError, match=r"capacity_blocks.*must be an integer, got True \(a boolean\)"):
+        grid([True, 100])
+    with pytest.raises(ConfigError, match=r"^grid: capacities \(capacity_blocks\) must be a list of integers"):
+        grid("100")  # type: ignore[arg-type]
+    assert [c.capacity_blocks for c in grid([np.int64(4), 100])] == [4, 100]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from kvlab.arguments import kind_of
 from kvlab.errors import ConfigError
 from kvlab.experiment.config import MAX_POINTS, Experiment, check_size, load_experiment
 from kvlab.experiment.drivers import workload_of
@@ -35,6 +36,18 @@ BACKENDS = ("local", "ray")
 #: seconds between rebuilds of ``sweep.parquet`` while runs complete (each rebuild reads every run and rewrites
 #: the table: after every run that is quadratic in the runs); it is always rebuilt once the runs are done
 TABLE_INTERVAL_S = 2.0
+
+
+def check_arguments(experiment: object, results: object) -> None:
+    """ConfigError naming the argument unless ``experiment`` is an :class:`Experiment` or a path (str or
+    ``os.PathLike``) and ``results`` a path. A dict is refused, not guessed at: ``Experiment(**data)`` makes one
+    (validated, errors naming the field)."""
+    if not isinstance(experiment, Experiment | str | os.PathLike):
+        hint = "; build one with Experiment(**data)" if isinstance(experiment, dict) else ""
+        raise ConfigError(f"experiment: expected an Experiment or the path of an experiment YAML file, got "
+                          f"{kind_of(experiment)}{hint}")
+    if not isinstance(results, str | os.PathLike):
+        raise ConfigError(f"results: expected the results root folder (a str or path), got {kind_of(results)}")
 
 
 def run_experiment(
@@ -73,6 +86,7 @@ def run_experiment(
     from kvlab.experiment.definition import record
     from kvlab.sweep import prepare_folder, rebuild_table
 
+    check_arguments(experiment, results)
     if backend not in BACKENDS:
         raise ConfigError(f"backend (--backend): must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if address is not None and backend != "ray":

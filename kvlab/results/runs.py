@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvlab.errors import ResultsError
+from kvlab.arguments import kind_of
+from kvlab.errors import ConfigError, ResultsError
 from kvlab.names import canonical_keys
 from kvlab.results.paths import safe_name
 from kvlab.results.store import MANIFEST, SUMMARY, read_json, verify_run
@@ -248,7 +249,13 @@ def load(experiment: str | os.PathLike, results: str | os.PathLike = "results", 
     YAML file (:func:`resolve_folder`). A run that is damaged, runs of several contents of one trace or of
     several experiment definitions, and runs another command wrote into the folder are each warned
     (:class:`~kvlab.results.trust.ResultsWarning`, one line naming the runs) or, with ``strict``, refused
-    (ResultsError). See docs/experiments.md and docs/results.md ("What load() checks")."""
+    (ResultsError). See docs/experiments.md and docs/results.md ("What load() checks"). A wrong argument type
+    (``load(None)``) is one ConfigError naming the argument."""
+    if not isinstance(experiment, str | os.PathLike):
+        raise ConfigError(f"experiment: expected an experiment name, its results folder or its YAML file (a str "
+                          f"or path), got {kind_of(experiment)}")
+    if not isinstance(results, str | os.PathLike):
+        raise ConfigError(f"results: expected the results root folder (a str or path), got {kind_of(results)}")
     return load_runs(resolve_folder(experiment, results), strict=strict)
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvlab.errors import ResultsError, ResultsLocationError
+from kvlab.arguments import kind_of
+from kvlab.errors import ConfigError, ResultsError, ResultsLocationError
 from kvlab.names import canonical_columns, canonical_keys
 from kvlab.results.columns import check_columns
 from kvlab.results.faults import checkpoint
@@ -519,7 +520,10 @@ def read_results(path: str | Path) -> RunResult:
     """Read a run written by :func:`write_results`, checking every file against the manifest's sizes and
     checksums. Raises ResultsError naming the file and what is wrong (never a raw parser traceback).
     A run replaced while it is read is read again (the replacement is atomic, so a second reading sees
-    one complete run). Runs from before manifests listed their files are read without the checks."""
+    one complete run). Runs from before manifests listed their files are read without the checks. A ``path``
+    that is not a str or path (``read_results(None)``) is one ConfigError naming the argument."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"path: expected a run's results folder (a str or path), got {kind_of(path)}")
     path = Path(path)
     for attempt in range(5):
         inode = _inode(path)
