@@ -1,8 +1,10 @@
 """One figure style for every kvlab plot, and one way to save a figure with the data behind it.
 
-* Colours: the Okabe-Ito palette (colour-blind safe, 8 colours). Series beyond 8 also change line style
-  and marker (:func:`series_style`), so no two series of one figure look alike.
-* Sizes: :data:`SINGLE` (one panel), :data:`WIDE` (two or three panels side by side).
+* Paper preset: :data:`COLUMN` (3.4 in) and :data:`DOUBLE` (7.0 in) print widths (:func:`figure`), fonts of
+  7-9 pt (:data:`RC`), saved at their true size, so no figure needs shrinking (none wider than :data:`MAX_WIDTH`).
+* Colours: the Okabe-Ito palette (colour-blind safe) without its pale yellow. Every policy and baseline has one
+  fixed colour + marker + line style (:func:`policy_style`), every (marker, line style) pair unique so greyscale
+  prints keep series apart; other series take :func:`series_style`. No panel draws more than :data:`MAX_SERIES`.
 * Confidence bands (:func:`band`): the series' colour, translucent. Legends (:func:`legend`): right of the axes
   when there are more than :data:`LEGEND_INSIDE_MAX` entries. Storage tiers: :data:`TIER_COLORS`.
 * :func:`save` writes ``<folder>/<name>.png`` and ``.pdf``, the data drawn as ``<name>.parquet`` (a tidy
@@ -29,11 +31,14 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-#: Okabe & Ito (2008), "Color Universal Design": black omitted (kept for baselines)
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999")
+#: Okabe & Ito (2008), "Color Universal Design", without its yellow (#F0E442: too pale for a line on white);
+#: index 6 is its grey, index 7 black (black alone is kept for baselines by :func:`policy_style`)
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#999999", "#000000")
+#: "the rest" when a panel draws its top k series in colour and the others in one light grey, unlabelled
+REST_COLOR = "#BBBBBB"
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-#: baselines (infinite cache, Belady, FLOP ideal): black, each with its own dash pattern
+#: baselines (infinite cache, Belady, FLOP ideal): black, no marker, each with its own dash pattern
 BASELINE = {"infinite cache": (0, (5, 3)), "belady": (0, (1, 2)), "flop ideal": (0, (3, 1, 1, 1))}
 #: storage tiers (stacked shares, per-tier lines): the device first; other tier names take the palette in order
 TIER_COLORS = {"device": PALETTE[0], "dram": PALETTE[2], "ssd": PALETTE[1], "pool": PALETTE[4]}
@@ -43,34 +48,142 @@ ALERT = "red"
 BAND_ALPHA = 0.2
 #: a legend with more entries than this goes right of the axes, outside the data
 LEGEND_INSIDE_MAX = 6
-SINGLE = (5.5, 3.6)  # inches: one panel
-WIDE = (11.0, 3.8)  # inches: two or three panels
-DPI = 150
+#: print sizes (inches, width x height): one column of a two-column paper, and the full text width.
+#: A figure is saved at its true size (``bbox_inches="tight"``, :data:`SAVE_PAD` margin), so a font's pt size in
+#: :data:`RC` is its printed size as long as the saved figure is at most :data:`MAX_WIDTH` wide.
+COLUMN = (3.4, 2.4)
+DOUBLE = (7.0, 2.8)
+WIDTHS = {"column": COLUMN, "double": DOUBLE}
+#: old names, now print sizes: one panel = one column, two or three panels = the full width
+SINGLE = COLUMN
+WIDE = DOUBLE
+#: no saved figure is wider than this (inches): the full text width of a two-column paper
+MAX_WIDTH = 7.2
+#: no panel draws more series than this (more: small multiples, or the top k and the rest in REST_COLOR)
+MAX_SERIES = 8
+#: white margin around a saved figure (inches; matplotlib's default is 0.1)
+SAVE_PAD = 0.02
+DPI = 300
 
 RC = {
-    "figure.figsize": SINGLE,
+    "figure.figsize": COLUMN,
     "figure.dpi": 100,
     "savefig.dpi": DPI,
-    "font.size": 9,
-    "axes.titlesize": 10,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
+    "savefig.pad_inches": SAVE_PAD,
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7,
+    "figure.titlesize": 9,
+    "figure.labelsize": 8,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 4,
+    "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "legend.handlelength": 2.8,  # long enough to show a dash pattern
+    "legend.framealpha": 0.9,
     "axes.grid": True,
     "grid.alpha": 0.3,
-    "axes.prop_cycle": mpl.cycler(color=PALETTE),
+    "grid.linewidth": 0.5,
+    "axes.prop_cycle": mpl.cycler(color=PALETTE[:7]),
     "pdf.fonttype": 42,  # TrueType in PDFs (editable text, accepted by publishers)
     "svg.hashsalt": "kvlab",
 }
 
+#: one look per policy, the same in every figure: (colour, marker, line style). Colours from :data:`PALETTE`;
+#: every (marker, line style) pair is unique, so every series can be told apart in greyscale too. Policies often
+#: drawn together have different colours (classic: lru arc lfu s3fifo fifo sieve 2q; frequency: lfu lfuda
+#: lfu-halflife wtinylfu pgdsf length-aware; leaf-only: prefix-aware* sglang-leaf trtllm-priority workload-aware).
+#: Baselines are black without markers (their dashes in :data:`BASELINE`); ``belady`` is both a policy and a baseline.
+_B, _O, _G, _V, _P, _S, _GREY = PALETTE[:7]
+POLICY_STYLES: dict[str, tuple[str, str, Any]] = {
+    # solid: the classic policies
+    "lru": (_B, "o", "-"),
+    "arc": (_V, "s", "-"),
+    "lfu": (_G, "^", "-"),
+    "s3fifo": (_O, "D", "-"),
+    "sieve": (_P, "v", "-"),
+    "fifo": (_S, "P", "-"),
+    "2q": (_GREY, "X", "-"),
+    "wtinylfu": (_V, "*", "-"),
+    # dashed: frequency / cost variants and other classics
+    "lfuda": (_O, "o", "--"),
+    "lfu-halflife": (_P, "s", "--"),
+    "pgdsf": (_S, "^", "--"),
+    "length-aware": (_B, "D", "--"),
+    "clock": (_G, "v", "--"),
+    "slru": (_V, "P", "--"),
+    "mru": (_GREY, "X", "--"),
+    "ttl": (_O, "*", "--"),
+    # dotted: leaf-only (radix tree) policies and cost-aware ones
+    "prefix-aware": (_P, "o", ":"),
+    "prefix-aware-lru": (_B, "s", ":"),
+    "prefix-aware-lfu": (_G, "^", ":"),
+    "sglang-leaf": (_O, "D", ":"),
+    "trtllm-priority": (_V, "v", ":"),
+    "workload-aware": (_S, "P", ":"),
+    "gdsf": (_GREY, "X", ":"),
+    # baselines: black, no marker
+    "belady": ("#000000", "", BASELINE["belady"]),
+    "infinite cache": ("#000000", "", BASELINE["infinite cache"]),
+    "flop ideal": ("#000000", "", BASELINE["flop ideal"]),
+}
+#: (marker, line style) pairs no known policy uses: names not in :data:`POLICY_STYLES` (a policy registered by a
+#: user) take one of these, chosen by a checksum of the name (the same in every process)
+_SPARE = tuple((m, ls) for ls in ("-.", (0, (6, 2)), (0, (2, 1))) for m in ("h", "p", "d", "<", ">", "8"))
+
 
 def apply() -> None:
-    """Make the kvlab style matplotlib's default (notebooks call it once at the top)."""
+    """Make the kvlab paper style matplotlib's default (notebooks call it once at the top)."""
     mpl.rcParams.update(RC)
 
 
+def figure(width: str = "column", nrows: int = 1, ncols: int = 1, height: float | None = None,
+           **subplots_kw: Any) -> tuple[Figure, Any]:
+    """A new figure at a print width: ``"column"`` (:data:`COLUMN`, 3.4 in) or ``"double"`` (:data:`DOUBLE`,
+    7.0 in); ``height`` in inches (default: the preset's height per row of panels, i.e. ``nrows`` times it).
+    Constrained layout keeps titles, labels and legends inside the figure, so the saved size is the print
+    size. Other keywords go to :func:`matplotlib.pyplot.subplots` (``sharex``, ``squeeze``, ...). Returns
+    ``(fig, axes)`` as ``subplots`` does; makes the preset matplotlib's default first (:func:`apply`).
+    Refused (ValueError): another width, a height that is not positive."""
+    import matplotlib.pyplot as plt
+
+    if width not in WIDTHS:
+        raise ValueError(f"figure width must be one of {sorted(WIDTHS)}, not {width!r}")
+    w, h = WIDTHS[width]
+    if height is None:
+        height = h * nrows
+    if not height > 0:
+        raise ValueError(f"figure height must be positive inches, not {height!r}")
+    apply()
+    subplots_kw.setdefault("layout", "constrained")
+    return plt.subplots(nrows, ncols, figsize=(w, float(height)), **subplots_kw)
+
+
+def policy_style(name: str) -> dict[str, Any]:
+    """Colour, marker and line style of policy (or baseline) ``name``, the same in every figure
+    (:data:`POLICY_STYLES`; case and surrounding blanks ignored). A name not in the map (a user's policy) gets a
+    grey-free palette colour and a spare (marker, line style) pair chosen by the name's CRC-32, so it is stable
+    across runs; two unknown names may collide, which :func:`layout_problems` reports."""
+    import zlib
+
+    key = str(name).strip().lower()
+    if key in POLICY_STYLES:
+        color, marker, linestyle = POLICY_STYLES[key]
+    else:
+        crc = zlib.crc32(key.encode())
+        marker, linestyle = _SPARE[crc % len(_SPARE)]
+        color = PALETTE[(crc // len(_SPARE)) % 6]
+    return {"color": color, "marker": marker, "linestyle": linestyle}
+
+
 def series_style(i: int) -> dict[str, Any]:
-    """Colour, line style and marker of series ``i`` (0-based): the first 8 differ by colour and marker;
-    from the 9th on the line style changes too, so series ``i`` and ``i + 8`` never look the same."""
+    """Colour, line style and marker of non-policy series ``i`` (0-based): the first 8 differ by colour and
+    marker; from the 9th on the line style changes too, so series ``i`` and ``i + 8`` never look the same."""
     return {"color": PALETTE[i % len(PALETTE)], "linestyle": LINESTYLES[(i // len(PALETTE)) % len(LINESTYLES)],
             "marker": MARKERS[i % len(MARKERS)]}
 
@@ -240,6 +353,7 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
     return paths
 
 
-__all__ = ["BASELINE", "DPI", "LINESTYLES", "MARKERS", "PALETTE", "SINGLE", "WIDE", "apply", "baseline_style",
-           "caption", "caption_markdown", "figure_folder", "figures_root", "prepare_figure_folder", "save",
-           "save_names", "series_style"]
+__all__ = ["BASELINE", "COLUMN", "DOUBLE", "DPI", "LINESTYLES", "MARKERS", "MAX_SERIES", "MAX_WIDTH", "PALETTE",
+           "POLICY_STYLES", "REST_COLOR", "SINGLE", "WIDE", "apply", "baseline_style", "caption", "caption_markdown",
+           "figure", "figure_folder", "figures_root", "policy_style", "prepare_figure_folder", "save", "save_names",
+           "series_style"]
