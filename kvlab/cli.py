@@ -15,7 +15,10 @@ from typing import Annotated
 from pydantic import Field
 
 from kvlab.cli_common import FORMATS
+from kvlab.cli_common import check_capacity_gib as _check_capacity_gib
 from kvlab.cli_common import flagged as _flagged
+from kvlab.cli_common import gib_blocks as _gib_blocks
+from kvlab.cli_common import gib_note as _gib_note
 from kvlab.cli_common import load as _load
 from kvlab.cli_common import policy_params as _policy_params
 from kvlab.cli_common import selection as _selection
@@ -135,8 +138,9 @@ def _flag_words(message: str) -> str:
     return message.replace("give tiers too", "give --tier too")
 
 
-def _sim_config(args: argparse.Namespace):
-    """The simulation's validated configuration (every flag checked before any work)."""
+def _sim_config(args: argparse.Namespace, capacity_blocks: int | None = None):
+    """The simulation's validated configuration (every flag checked before any work); ``capacity_blocks``:
+    ``--capacity-gib`` converted (default ``--capacity-blocks``)."""
     from kvlab.schema import flag
     from kvlab.sim.simulator import SimConfig
     from kvlab.tiers import check_tiers, parse_tier
@@ -145,7 +149,8 @@ def _sim_config(args: argparse.Namespace):
     try:
         return SimConfig(
             model=args.model, hardware=args.hardware, policy=args.policy,
-            policy_params=_policy_params(args.policy_param), capacity_blocks=args.capacity_blocks,
+            policy_params=_policy_params(args.policy_param),
+            capacity_blocks=args.capacity_blocks if capacity_blocks is None else capacity_blocks,
             gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, rate=args.rate, time_scale=args.time_scale,
             block_size=args.block_size, tensor_parallel=args.tensor_parallel, dtype=args.dtype,
@@ -157,6 +162,19 @@ def _sim_config(args: argparse.Namespace):
         raise ConfigError(_flag_words(str(exc))) from None
 
 
+def _check_sim_gib(args: argparse.Namespace, gib: list[float]) -> None:
+    """``simulate --capacity-gib``: a value in range, converted at the model profile's own KV dtype (the
+    conversion of experiment files), on the cost model."""
+    _check_capacity_gib("simulate", gib, args.model)
+    if args.executor == "engine":
+        raise ConfigError("--capacity-gib: the engine executor's pool is sized in blocks (its model is "
+                          "--engine-model, not --model): give --capacity-blocks")
+    for name, value in (("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype)):
+        if value is not None:
+            raise ConfigError(f"--capacity-gib: GiB convert at {args.model}'s own KV dtype (as an experiment "
+                              f"file's cache.capacity_gib), not {name} {value}: give --capacity-blocks")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Serving simulation: scheduler + cost model in simulated time (or the real engine); one results folder."""
     from kvlab.results import check_output_location
@@ -165,6 +183,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     _selection(args.trace, args)
     config = _sim_config(args)
+    gib = None if args.capacity_gib is None else [args.capacity_gib]
+    if gib is not None:
+        _check_sim_gib(args, gib)
     if args.tier_dir is not None and (args.executor != "engine" or not config.tiers):
         raise ConfigError("--tier-dir: a real disk tier needs --executor engine and --tier")
     if args.executor == "engine":
@@ -188,12 +209,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _flagged("--dtype", load_model, config.model, dtype=config.dtype)
         _flagged("--kv-dtype", load_model, config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)
         _flagged("--hardware", load_hardware, config.hardware)
+        if gib is not None and config.block_size is not None:  # less than one block: refused before the trace
+            _gib_blocks(gib, config.model, config.block_size)
         if config.tiers and config.block_size is not None:  # gib= sizes in range, before the trace is read
             kv = load_model(config.model, dtype=config.dtype, kv_dtype=config.kv_dtype).kv_bytes_per_token
             _flagged("--tier", lambda: [t.resolve(kv * config.block_size) for t in config.tiers])
     if args.out:
         check_output_location(args.out, kind="run")
     workload = _load(args)
+    if gib is not None:
+        bs = config.block_size or workload.default_block_size
+        blocks = _gib_blocks(gib, config.model, bs)
+        config = _sim_config(args, blocks[0])
+        print(_gib_note(gib, blocks, config.model, bs))
     result = _serve_on_engine(args, workload, config) if args.executor == "engine" else simulate(
         workload, config, progress=not args.quiet)
     from kvlab.sweep import tier_row
@@ -374,8 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", default="lru", help="eviction policy name (kvlab policies)")
     sim.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                      help="policy constructor argument (repeatable; JSON values)")
-    sim.add_argument("--capacity-blocks", type=int, default=None,
-                     help="KV pool per instance in blocks (default: from model, hardware and utilization)")
+    size = sim.add_mutually_exclusive_group()
+    size.add_argument("--capacity-blocks", type=int, default=None,
+                      help="KV pool per instance in blocks (default: from model, hardware and utilization)")
+    size.add_argument("--capacity-gib", type=float, default=None, metavar="GIB",
+                      help="KV pool per instance in GiB of --model's KV, rounded down to whole blocks (as an "
+                           "experiment file's cache.capacity_gib)")
     sim.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     sim.add_argument("--max-num-seqs", type=int, default=256)
     sim.add_argument("--max-num-batched-tokens", type=int, default=8192)

@@ -48,3 +48,40 @@ def flagged(flag: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except ConfigError as exc:
         raise ConfigError(f"{flag}: {exc}") from None
+
+
+def check_capacity_gib(command: str, values: list[float] | None, model: str | None) -> None:
+    """``--capacity-gib``: each value in (0, 2**30] GiB and finite (the type of an experiment file's
+    ``cache.capacity_gib``), and a model to convert with; checked before anything is read."""
+    if values is None:
+        return
+    from kvlab.experiment.config import CacheSpec
+    from kvlab.schema import validate_fields
+
+    gib = CacheSpec.model_fields["capacity_gib"].annotation
+    for value in values:
+        validate_fields(command, capacity_gib=(gib, value))
+    if model is None:
+        raise ConfigError("--capacity-gib: GiB of KV need a model to convert to blocks: give --model (a shipped "
+                          "name such as llama-3-8b, or a config.json)")
+
+
+def gib_blocks(values: list[float], model: str, block_size: int) -> list[int]:
+    """``--capacity-gib`` values as whole blocks of ``block_size`` tokens of ``model``'s KV: the conversion of an
+    experiment file's ``cache.capacity_gib`` (kvlab.experiment.config.capacity_blocks: 2**30 bytes per GiB,
+    rounded down); less than one block is a ConfigError naming the flag."""
+    from kvlab.experiment.config import CacheSpec, capacity_blocks
+
+    out = []
+    for value in values:
+        try:
+            out.append(capacity_blocks(CacheSpec(capacity_gib=value), block_size, model))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("cache.capacity_gib", "--capacity-gib", 1)) from None
+    return out
+
+
+def gib_note(values: list[float], blocks: list[int], model: str, block_size: int) -> str:
+    """The line saying what ``--capacity-gib`` became: ``--capacity-gib 0.5 = 256 blocks ...``."""
+    pairs = ", ".join(f"{v:g} GiB = {b:,} blocks" for v, b in zip(values, blocks, strict=True))
+    return f"--capacity-gib: {pairs} ({block_size}-token blocks of {model} KV, rounded down)"

@@ -3,8 +3,9 @@
 :mod:`kvlab.cli` builds the parser and dispatches; this module declares the run flags (:func:`add_run_args`)
 and runs the two commands. Tiers (docs/tiers.md): ``--tier SPEC`` is repeatable, one lower tier each, in
 order below the device; comma-separated values of ``blocks=`` or ``gib=`` make a sweep axis (one run per
-combination of every flag's values). Units: capacities in blocks (``gib=`` in GiB of KV for ``--model``),
-``--max-load-tokens`` in tokens.
+combination of every flag's values). Units: capacities in blocks (``--capacity-gib`` and ``gib=`` in GiB of KV
+for ``--model``, rounded down to whole blocks as an experiment file's ``capacity_gib``), ``--max-load-tokens`` in
+tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ AXIS_KEYS = ("blocks", "gib")
 
 def add_run_args(sp: argparse.ArgumentParser) -> None:
     """The flags of one replay configuration (``kvlab replay``, ``kvlab sweep``)."""
-    sp.add_argument("--capacity-blocks", type=int, nargs="+", required=True, help="cache capacity in blocks")
+    size = sp.add_mutually_exclusive_group(required=True)
+    size.add_argument("--capacity-blocks", type=int, nargs="+", help="cache capacity in blocks (several: a sweep axis)")
+    size.add_argument("--capacity-gib", type=float, nargs="+", metavar="GIB",
+                      help="cache capacity in GiB of KV of --model, rounded down to whole blocks (as an experiment "
+                           "file's cache.capacity_gib; the run is the same as its --capacity-blocks)")
     sp.add_argument("--policy", nargs="+", default=["lru"],
                     help="eviction policy name(s) (kvlab policies), or 'all'")
     sp.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
@@ -43,7 +48,8 @@ def add_run_args(sp: argparse.ArgumentParser) -> None:
                          "default: no limit); needs --tier")
     sp.add_argument("--model", default=None,
                     help="model profile (shipped name or config.json path, as kvlab simulate --model): the KV "
-                         "bytes per block for --tier gib= sizes and the tiers' bytes written and read")
+                         "bytes per block for --capacity-gib, --tier gib= sizes and the tiers' bytes written and "
+                         "read (refused when nothing uses it)")
     sp.add_argument("--verify", action="store_true", help="verify tokens on hit: count and refuse collisions")
     sp.add_argument("--root-seed", type=int, default=0)
     sp.add_argument("--seed", type=int, default=0)
@@ -84,16 +90,18 @@ def tier_axes(specs: list[str], flag: str = "--tier", max_load_tokens: int | Non
 
 
 def _check_model(args: argparse.Namespace, axes: list[list[Tier]]) -> None:
-    """``--model`` names a known profile and has tiers; a ``gib=`` tier has one (``--max-load-tokens``:
-    tier_axes)."""
-    from kvlab.cli_common import flagged
+    """``--model`` names a known profile and something uses it (``--capacity-gib`` or ``--tier``); a ``gib=``
+    tier or ``--capacity-gib`` has one (``--max-load-tokens``: tier_axes)."""
+    from kvlab.cli_common import check_capacity_gib, flagged
     from kvlab.sim.profiles import load_model
 
     if args.model is not None:
-        if not args.tier:  # it would be dropped from every run (kvlab.sweep.grid): refused, not ignored
-            raise ConfigError("--model gives the tiers' KV bytes per block (gib= sizes, bytes written and read): "
-                              "give --tier too")
+        if not args.tier and args.capacity_gib is None:  # dropped from every run (kvlab.sweep.grid): refused
+            raise ConfigError("--model gives the tiers' KV bytes per block (gib= sizes, bytes written and read) and "
+                              "converts --capacity-gib; nothing uses it here: give --tier too, or --capacity-gib "
+                              "instead of --capacity-blocks")
         flagged("--model", load_model, args.model)
+    check_capacity_gib(args.command, args.capacity_gib, args.model)
     for text in args.tier:
         if args.model is None and any(v.partition("=")[0] == "gib" for v in text.split(":")[1:]):
             raise ConfigError(f"--tier {text!r}: gib= needs --model (the model profile gives the KV bytes per "
@@ -106,16 +114,30 @@ def _check_model(args: argparse.Namespace, axes: list[list[Tier]]) -> None:
 
 
 # ----------------------------------------------------------------------------- commands
-def replay_configs(args: argparse.Namespace) -> list:
-    """The run grid of ``kvlab replay`` / ``kvlab sweep``: every flag checked, nothing read yet."""
+def capacities(args: argparse.Namespace, block_size: int | None = None) -> list[int] | None:
+    """The capacities in blocks: ``--capacity-blocks``, or ``--capacity-gib`` converted with ``--block-size``
+    (else ``block_size``, the trace's); None while the block size is not known (the trace not read yet)."""
+    from kvlab.cli_common import gib_blocks
+
+    if args.capacity_gib is None:
+        return args.capacity_blocks
+    bs = args.block_size or block_size
+    return None if bs is None else gib_blocks(args.capacity_gib, args.model, bs)
+
+
+def replay_configs(args: argparse.Namespace, block_size: int | None = None) -> list:
+    """The run grid of ``kvlab replay`` / ``kvlab sweep``: every flag checked, nothing read yet.
+    ``block_size``: the trace's, for ``--capacity-gib`` without ``--block-size`` (before the trace is read,
+    the grid is checked with 1-block capacities in their place)."""
     from kvlab.cli_common import policy_params
     from kvlab.policies import available_policies
     from kvlab.sweep import grid
 
     axes = tier_axes(args.tier, max_load_tokens=args.max_load_tokens)
     _check_model(args, axes)
+    caps = capacities(args, block_size)
     return grid(
-        args.capacity_blocks,
+        caps if caps is not None else [1] * len(args.capacity_gib),
         policies=available_policies() if args.policy == ["all"] else args.policy,
         policy_params=policy_params(args.policy_param),
         modes=args.mode,
@@ -143,6 +165,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.out:
         check_output_location(args.out, kind="run" if single else "sweep")
     workload = load(args)
+    if args.capacity_gib is not None:
+        configs = _gib_configs(args, [workload])
     if single:
         result = replay(workload, configs[0], progress=not args.quiet)
         if args.out:
@@ -168,10 +192,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     configs = replay_configs(args)
     check_output_location(args.out, kind="sweeps")
     workloads = [load(args, trace) for trace in args.traces]  # every trace validated before the first run
+    if args.capacity_gib is not None:
+        configs = _gib_configs(args, workloads)
     table = run_sweeps(workloads, configs, args.out, resume=not args.no_resume, progress=not args.quiet)
     print_summary(table.to_dict("records"))
     print(f"results written to {args.out}")
     return 0
+
+
+def _gib_configs(args: argparse.Namespace, workloads: list) -> list:
+    """The run grid with ``--capacity-gib`` in blocks of the traces' block size (one for all of them: traces
+    whose block sizes differ need ``--block-size``); prints what each value became."""
+    from kvlab.cli_common import gib_note
+
+    sizes = {args.block_size or w.default_block_size: w.name for w in workloads}
+    if len(sizes) > 1:
+        which = ", ".join(f"{name} ({bs} tokens)" for bs, name in sizes.items())
+        raise ConfigError(f"--capacity-gib: the traces' block sizes differ ({which}): give --block-size")
+    bs = next(iter(sizes))
+    configs = replay_configs(args, bs)
+    print(gib_note(args.capacity_gib, capacities(args, bs), args.model, bs))
+    return configs
 
 
 def _missing(v: object) -> bool:
