@@ -132,7 +132,7 @@ def test_save_writes_four_files_byte_stable(tmp_path):
         assert [p.suffix for p in paths] == [".png", ".pdf", ".parquet", ".json"]
         outputs.append([p.read_bytes() for p in paths])
     assert outputs[0] == outputs[1]
-    assert json.loads((tmp_path / "a" / "f.json").read_text()) == {"shows": "y against x"}
+    assert json.loads((tmp_path / "a" / "f.json").read_text()) == {"shows": "y against x", "layout_problems": []}
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a" / "f.parquet"), data)
 
 

@@ -31,6 +31,11 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from kvlab.plots.layout_check import layout_problems
+
+#: the layout problems :func:`save` found in the figure it saved last (:func:`layout_problems`); [] when none
+last_problems: list[str] = []
+
 #: Okabe & Ito (2008), "Color Universal Design", without its yellow (#F0E442: too pale for a line on white);
 #: index 6 is its grey, index 7 black (black alone is kept for baselines by :func:`policy_style`)
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#999999", "#000000")
@@ -59,6 +64,8 @@ SINGLE = COLUMN
 WIDE = DOUBLE
 #: no saved figure is wider than this (inches): the full text width of a two-column paper
 MAX_WIDTH = 7.2
+#: no text of a saved figure is smaller than this (pt at print size)
+MIN_FONT_PT = 7.0
 #: no panel draws more series than this (more: small multiples, or the top k and the rest in REST_COLOR)
 MAX_SERIES = 8
 #: white margin around a saved figure (inches; matplotlib's default is 0.1)
@@ -324,8 +331,13 @@ def prepare_figure_folder(folder: str | os.PathLike, *, flag: str | None = None,
 
 def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame | None = None,
          caption: Mapping[str, Any] | None = None, *, dpi: int = DPI) -> list[Path]:
-    """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``.pdf``, ``data`` as ``name.parquet`` and ``caption``
-    as ``name.json``; returns the paths written. Same data, same parquet bytes.
+    """Write ``fig`` as ``folder/name.png`` (``dpi``) and ``.pdf`` at its true size (``bbox_inches="tight"``,
+    :data:`SAVE_PAD` margin), ``data`` as ``name.parquet`` and ``caption`` as ``name.json``; returns the paths
+    written. Same data, same parquet bytes.
+
+    The figure's layout problems (:func:`layout_problems`: legend over data, overlapping or clipped text, text
+    under 7 pt, wider than 7.2 in, two series alike) are recorded, never raised (a notebook still finishes): in
+    the caption as ``"layout_problems"`` (a list, empty when the layout is clean) and in :data:`last_problems`.
 
     Every file is an owned output (docs/plots.md, "Owned outputs"): written atomically and recorded in
     ``folder``'s listing (:func:`kvlab.results.owned.write_owned`). Before anything is written, ``folder`` and
@@ -333,13 +345,15 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
     somebody changed since, is refused with one line (ResultsLocationError) and nothing is replaced."""
     from kvlab.results.owned import write_owned
 
+    global last_problems
     given = Path(folder)
     folder = prepare_figure_folder(given, names=save_names(name, data=data is not None, caption=caption is not None))
+    last_problems = layout_problems(fig)
     paths = []
     for fmt in ("png", "pdf"):
         metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Producer": None, "CreationDate": None}
         write_owned(folder / f"{name}.{fmt}", lambda p, fmt=fmt, md=metadata: fig.savefig(
-            p, dpi=dpi, format=fmt, bbox_inches="tight", metadata=md))
+            p, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=SAVE_PAD, metadata=md))
         paths.append(given / f"{name}.{fmt}")
     if data is not None:
         frame = data.reset_index(drop=True)
@@ -347,13 +361,14 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
         write_owned(folder / f"{name}.parquet", lambda p: frame.to_parquet(p, index=False))
         paths.append(given / f"{name}.parquet")
     if caption is not None:
-        text = json.dumps(dict(caption), indent=2, sort_keys=True, default=str) + "\n"
+        record = {**dict(caption), "layout_problems": list(last_problems)}
+        text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         write_owned(folder / f"{name}.json", lambda p: Path(p).write_text(text))
         paths.append(given / f"{name}.json")
     return paths
 
 
-__all__ = ["BASELINE", "COLUMN", "DOUBLE", "DPI", "LINESTYLES", "MARKERS", "MAX_SERIES", "MAX_WIDTH", "PALETTE",
-           "POLICY_STYLES", "REST_COLOR", "SINGLE", "WIDE", "apply", "baseline_style", "caption", "caption_markdown",
-           "figure", "figure_folder", "figures_root", "policy_style", "prepare_figure_folder", "save", "save_names",
-           "series_style"]
+__all__ = ["BASELINE", "COLUMN", "DOUBLE", "DPI", "LINESTYLES", "MARKERS", "MAX_SERIES", "MAX_WIDTH", "MIN_FONT_PT",
+           "PALETTE", "POLICY_STYLES", "REST_COLOR", "SAVE_PAD", "SINGLE", "WIDE", "apply", "baseline_style",
+           "caption", "caption_markdown", "figure", "figure_folder", "figures_root", "last_problems",
+           "layout_problems", "policy_style", "prepare_figure_folder", "save", "save_names", "series_style"]
