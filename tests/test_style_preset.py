@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from pathlib import Path
 
 import matplotlib
 
@@ -51,6 +53,16 @@ def test_every_registered_policy_and_baseline_has_its_own_fixed_style():
     for name in BASELINES:
         assert looks[name]["color"] == "#000000" and looks[name]["marker"] == ""
         assert looks[name]["linestyle"] == style.baseline_style(name)["linestyle"]
+
+
+def test_the_docs_table_of_policy_looks_matches_the_map():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plots.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| [a-z ]+ `(#[0-9A-F]{6})` \| (?:`([^`]+)`|none) \| ([^|]+) \|$", doc, re.M)
+    dashes = {"-": "solid", "--": "dashed", ":": "dotted"}
+    documented = {name: (colour, marker, line.strip()) for name, colour, marker, line in rows}
+    expected = {name: (c, m, dashes[ls] if isinstance(ls, str) else f"dashes {ls[1]}")
+                for name, (c, m, ls) in style.POLICY_STYLES.items()}
+    assert documented == expected
 
 
 def test_an_unregistered_policy_gets_a_stable_style_no_registered_policy_uses():

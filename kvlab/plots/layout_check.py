@@ -106,11 +106,14 @@ def _all_axes(fig: Figure) -> list[Axes]:
 
 
 def _panel_names(fig: Figure) -> dict[Axes, str]:
-    """``'title'`` for an axes with a title, else ``<n>`` (1-based); a child axes is named after its parent."""
+    """``'title'`` for an axes with a title of its own, ``<n> 'title'`` when several share it, else ``<n>``
+    (1-based in ``fig.axes``); a child axes is named after its parent."""
+    titles = [next((t for t in (ax.get_title(loc) for loc in ("center", "left", "right")) if t.strip()), "")
+              for ax in fig.axes]
     names: dict[Axes, str] = {}
-    for i, ax in enumerate(fig.axes, start=1):
-        title = next((t for t in (ax.get_title(loc) for loc in ("center", "left", "right")) if t.strip()), "")
-        names[ax] = repr(_short(title)) if title else str(i)
+    for i, (ax, title) in enumerate(zip(fig.axes, titles, strict=True), start=1):
+        shown = repr(_short(title))
+        names[ax] = (shown if titles.count(title) == 1 else f"{i} {shown}") if title else str(i)
         for child in getattr(ax, "child_axes", []):
             names.setdefault(child, names[ax])
     return names
