@@ -20,6 +20,7 @@ from kvlab.cli_common import flagged as _flagged
 from kvlab.cli_common import gib_blocks as _gib_blocks
 from kvlab.cli_common import gib_note as _gib_note
 from kvlab.cli_common import load as _load
+from kvlab.cli_common import plain_help as _plain_help
 from kvlab.cli_common import policy_params as _policy_params
 from kvlab.cli_common import selection as _selection
 from kvlab.cli_experiment import cmd_run
@@ -485,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvlab.figures import add_parser as add_figures
 
     add_figures(sub, common)
+    _plain_help(p)  # the help texts come from docstrings: no Sphinx markup on the terminal
     return p
 
 

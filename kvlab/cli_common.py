@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from kvlab.errors import ConfigError
 from kvlab.schema import TRACE_FORMATS as FORMATS  # noqa: F401 - the CLI's --format choices
@@ -85,3 +86,25 @@ def gib_note(values: list[float], blocks: list[int], model: str, block_size: int
     """The line saying what ``--capacity-gib`` became: ``--capacity-gib 0.5 = 256 blocks ...``."""
     pairs = ", ".join(f"{v:g} GiB = {b:,} blocks" for v, b in zip(values, blocks, strict=True))
     return f"--capacity-gib: {pairs} ({block_size}-token blocks of {model} KV, rounded down)"
+
+
+def plain(text: str | None) -> str | None:
+    """``text`` (a docstring) as plain text for ``--help``: Sphinx roles (``:mod:`x```) and double or single
+    backticks dropped, their contents kept."""
+    if text is None:
+        return None
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"``?([^`]+?)``?", r"\1", text)
+
+
+def plain_help(parser: argparse.ArgumentParser) -> None:
+    """Every description, epilog and help text of ``parser`` and its subcommands as :func:`plain` text."""
+    parser.description, parser.epilog = plain(parser.description), plain(parser.epilog)
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                plain_help(sub)

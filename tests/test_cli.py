@@ -143,3 +143,24 @@ def test_sweep_over_traces_and_all_policies(tmp_path):
     assert main(argv) == 0  # resumed: the same table, nothing recomputed
     again = pd.read_parquet(tmp_path / "sw" / "sweep.parquet")
     pd.testing.assert_frame_equal(again, table)
+
+
+def _help_paths(parser, path=()):
+    """Every command path of the parser tree (``()``, ``("replay",)``, ``("trace", "stats")``...)."""
+    import argparse
+
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _help_paths(sub, (*path, name))
+
+
+def test_every_help_text_is_plain_text(capsys):
+    paths = list(_help_paths(build_parser()))
+    assert ("replay",) in paths and ("trace", "stats") in paths and ("figures",) in paths
+    for path in paths:
+        assert main([*path, "--help"]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith("usage: kvlab"), path
+        assert "`" not in text and ":mod:" not in text and ":func:" not in text, (path, text)
