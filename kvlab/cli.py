@@ -81,7 +81,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_output_location(args.out, kind="sweep")
 
     out = run_demo(args.out, quick=args.quick, progress=not args.quiet)
-    print(f"demo results written to {out}")
+    from kvlab.demo import FIGURE, FIGURES, summary_lines
+
+    print("\n".join(summary_lines(out)))
+    print(f"demo results written to {out} (table: summary.csv, sweep.parquet; figure: {FIGURES}/{FIGURE}.png, .pdf)")
     return 0
 
 

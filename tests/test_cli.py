@@ -97,12 +97,27 @@ def test_bad_trace_gives_file_line_field_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_demo_quick(tmp_path):
+def test_demo_quick_prints_its_table_and_saves_a_clean_column_figure(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo"), "--quiet"]) == 0
     summary = pd.read_csv(tmp_path / "demo" / "summary.csv")
     assert len(summary) == 5 and (summary["token_hit_rate"].diff().dropna() >= 0).all()
-    assert (tmp_path / "demo" / "hit_rate_vs_capacity.png").stat().st_size > 10_000
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["capacity_blocks", "token_hit_rate", "ideal_hit_rate", "rejected_requests"]
+    rows = [line.split() for line in out[1:6]]
+    assert [int(r[0].replace(",", "")) for r in rows] == summary["capacity_blocks"].tolist()
+    assert [float(r[1]) for r in rows] == summary["token_hit_rate"].round(4).tolist()
+    assert [int(r[3]) for r in rows] == summary["rejected_requests"].tolist()
+    fig = tmp_path / "demo" / "figure"
+    for suffix in ("png", "pdf", "parquet", "json"):
+        assert (fig / f"hit_rate_vs_capacity.{suffix}").is_file()
+    caption = json.loads((fig / "hit_rate_vs_capacity.json").read_text())
+    assert caption["layout_problems"] == [] and "LRU" in caption["finding"]
+    from PIL import Image
+
+    with Image.open(fig / "hit_rate_vs_capacity.png") as png:  # 300 dpi: one column (3.3-3.5 in) wide
+        assert 3.3 <= png.size[0] / 300 <= 3.5
     assert (tmp_path / "demo" / "manifest.json").exists()
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo"), "--quiet"]) == 0  # a rerun replaces its own
 
 
 def test_policies_and_download_list(capsys):
