@@ -187,6 +187,25 @@ def test_overlapping_tick_labels_are_caught():
     assert layout_problems(fig) == []
 
 
+def test_slanted_tick_labels_are_judged_by_their_own_rectangles():
+    from kvlab.plots.layout_check import _overlap
+
+    def slanted(n):
+        fig, ax = style.figure("column")
+        ax.plot(range(n), range(n), **style.series_style(0))
+        ax.set_xticks(range(n), [f"{1048576 + k * 100000:,}" for k in range(n)], rotation=45, ha="right",
+                      rotation_mode="anchor")
+        return fig, ax
+
+    fig, ax = slanted(12)
+    assert layout_problems(fig) == []  # the slanted texts keep apart ...
+    first, second = (t.get_window_extent() for t in ax.get_xticklabels()[:2])
+    assert _overlap(first, second)  # ... though their upright bounding boxes overlap
+    fig, ax = slanted(30)
+    problems = layout_problems(fig)
+    assert any("x tick labels overlap ('1,048,576' and '1,148,576')" in p for p in problems), problems
+
+
 def test_a_title_and_tick_labels_running_into_the_neighbour_panel_are_caught():
     fig, (top, bottom) = plt.subplots(2, 1, figsize=style.COLUMN)
     fig.subplots_adjust(hspace=0.05)

@@ -12,7 +12,8 @@ and the text or series concerned. Checked, at the size the figure is saved (:fun
   the line they surround does, and a legend over a pale band hides nothing that line does not show. Reference
   lines spanning the axes (``axhline`` / ``axvline``) do not count either: their value stays readable where the
   legend is not. Images are not checked.
-* **overlapping tick labels** on one axis (major and minor, drawn and non-empty).
+* **overlapping tick labels** on one axis (major and minor, drawn and non-empty; slanted text by its rotated
+  rectangle, not its larger bounding box).
 * **clipped or colliding text**: a title, axis label, tick label, offset text, free text, suptitle or legend
   that overlaps another one (a title over the tick labels of the panel above, a legend over a neighbour's
   labels), that sits inside another panel's plot area, that its clip box cuts, or that falls outside the area
@@ -40,7 +41,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
-from matplotlib.transforms import Bbox
+from matplotlib.transforms import Bbox, BboxBase
 
 #: overlaps (and cuts) smaller than this many display pixels are rounding, not a problem
 TOLERANCE_PX = 1.0
@@ -59,6 +60,7 @@ class _Item:
     axis: object | None = None  # the Axis a tick label belongs to (tick labels of one axis: check (b))
     axes: Axes | None = None  # the axes the item belongs to (None: the figure)
     artist: Any = None
+    corners: np.ndarray | None = None  # a rotated text's own rectangle (4 x 2, display); None: ``box`` is exact
 
     def name(self) -> str:
         where = "figure" if self.owner == "figure" else f"panel {self.owner}"
@@ -158,7 +160,8 @@ def _items(fig: Figure, renderer: Any, names: dict[Axes, str]) -> Iterator[_Item
             continue
         owner = names.get(ax, "?")
         for kind, axis, text in _axes_texts(ax):
-            yield _Item(owner, kind, text.get_text(), text.get_window_extent(renderer), axis, ax, text)
+            yield _Item(owner, kind, text.get_text(), text.get_window_extent(renderer), axis, ax, text,
+                        _rotated_corners(text, renderer))
         leg = ax.get_legend()
         if leg is not None and leg.get_visible():
             yield _Item(owner, "legend", "", leg.get_window_extent(renderer), None, ax, leg)
@@ -168,13 +171,55 @@ def _items(fig: Figure, renderer: Any, names: dict[Axes, str]) -> Iterator[_Item
     for text in fig.texts:  # suptitle and super labels are among them
         if _drawn(text):
             kind = special.get(id(text), "text")
-            yield _Item("figure", kind, text.get_text(), text.get_window_extent(renderer), None, None, text)
+            yield _Item("figure", kind, text.get_text(), text.get_window_extent(renderer), None, None, text,
+                        _rotated_corners(text, renderer))
     for leg in fig.legends:
         if leg.get_visible():
             yield _Item("figure", "legend", "", leg.get_window_extent(renderer), None, None, leg)
 
 
-def _overlap(a: Bbox, b: Bbox, tol: float = TOLERANCE_PX) -> bool:
+def _rotated_corners(text: Text, renderer: Any) -> np.ndarray | None:
+    """The corners of a text drawn at a slant (not a multiple of 90 degrees): its window extent is then the
+    bounding box of a rotated rectangle, larger than the text; None for upright or vertical text."""
+    rotation = float(text.get_rotation())
+    if min(rotation % 90, 90 - rotation % 90) < 1e-6:
+        return None
+    centre = text.get_window_extent(renderer)
+    text.set_rotation(0)
+    try:
+        flat = text.get_window_extent(renderer)
+    finally:
+        text.set_rotation(rotation)
+    theta = np.radians(rotation)
+    turn = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    half = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * [flat.width / 2, flat.height / 2]
+    return half @ turn.T + [(centre.x0 + centre.x1) / 2, (centre.y0 + centre.y1) / 2]
+
+
+def _box_corners(box: Bbox) -> np.ndarray:
+    return np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
+
+
+def _collide(a: _Item, b: _Item | BboxBase, tol: float = TOLERANCE_PX) -> bool:
+    """Whether item ``a`` and item (or display box) ``b`` share a region more than ``tol`` pixels deep in every
+    direction: bounding boxes, or the rotated rectangles of slanted text (separating-axis test)."""
+    b_box, b_corners = (b, None) if isinstance(b, BboxBase) else (b.box, b.corners)
+    if a.corners is None and b_corners is None:
+        return _overlap(a.box, b_box, tol)
+    if not _overlap(a.box, b_box, tol):
+        return False
+    pa = a.corners if a.corners is not None else _box_corners(a.box)
+    pb = b_corners if b_corners is not None else _box_corners(b_box)
+    for poly in (pa, pb):
+        for edge in np.diff(np.vstack([poly, poly[:1]]), axis=0):
+            normal = np.array([-edge[1], edge[0]]) / max(float(np.hypot(*edge)), 1e-12)
+            ja, jb = pa @ normal, pb @ normal
+            if min(ja.max(), jb.max()) - max(ja.min(), jb.min()) <= tol:
+                return False
+    return True
+
+
+def _overlap(a: BboxBase, b: BboxBase, tol: float = TOLERANCE_PX) -> bool:
     """Whether ``a`` and ``b`` share a region more than ``tol`` pixels wide and high."""
     w = min(a.x1, b.x1) - max(a.x0, b.x0)
     h = min(a.y1, b.y1) - max(a.y0, b.y0)
@@ -195,7 +240,7 @@ def _tick_label_overlaps(items: list[_Item]) -> list[str]:
             by_axis.setdefault(id(item.axis), []).append(item)
     for group in by_axis.values():
         for i, a in enumerate(group):
-            hit = next((b for b in group[i + 1:] if _overlap(a.box, b.box)), None)
+            hit = next((b for b in group[i + 1:] if _collide(a, b)), None)
             if hit is not None:
                 out.append(f"panel {a.owner}: {a.kind}s overlap ({_short(a.text)!r} and {_short(hit.text)!r})")
                 break  # one line per axis
@@ -229,7 +274,7 @@ def _text_collisions(fig: Figure, renderer: Any, items: list[_Item], names: dict
             if a.axis is not None and a.axis is b.axis:
                 continue  # tick labels of one axis: _tick_label_overlaps
             key = (id(a.axis or a.artist), id(b.axis or b.artist))  # tick labels: one line per pair of axes
-            if key not in reported and _overlap(a.box, b.box):
+            if key not in reported and _collide(a, b):
                 reported.add(key)
                 out.append(f"{a.name()} overlaps {b.name()}")
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
@@ -240,7 +285,7 @@ def _text_collisions(fig: Figure, renderer: Any, items: list[_Item], names: dict
             key = (id(item.axis or item.artist), id(ax))  # tick labels: one line per axis and panel
             if key in reported or item.axes is not None and _same_panel(item.axes, ax):
                 continue
-            if _overlap(item.box, ax.bbox):
+            if _collide(item, ax.bbox):
                 reported.add(key)
                 out.append(f"{item.name()} lies over the plot area of panel {names.get(ax, '?')}")
     return out
