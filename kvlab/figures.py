@@ -46,6 +46,11 @@ VOLATILE_CELL_METADATA = ("execution", "ExecuteTime", "papermill")
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
+#: progress bars in a kernel without ipywidgets: tqdm.auto falls back to the plain bar after warning "IProgress
+#: not found" into the executed notebook; the warning is ignored and bars that do not ask for one are off
+NO_WIDGET_PROGRESS = {"PYTHONWARNINGS": "ignore:IProgress not found", "TQDM_DISABLE": "1"}
+
+
 class NotebookError(KvlabError, RuntimeError):
     """A notebook failed while ``kvlab figures`` ran it (names the notebook, the cell and the executed copy)."""
 
@@ -196,10 +201,11 @@ def _quiet_logger(name: str) -> Iterator[None]:
 
 
 def kernel_environment(out: Path, quick: bool) -> dict[str, str]:
-    """What a notebook's kernel sees: the figures root, quick mode, a headless backend and a fixed hash seed
-    (set and dict orders of strings repeat between runs)."""
+    """What a notebook's kernel sees: the figures root, quick mode, a headless backend, a fixed hash seed
+    (set and dict orders of strings repeat between runs) and no notebook progress widgets
+    (:data:`NO_WIDGET_PROGRESS`)."""
     return {"KVLAB_FIGURES_DIR": str(out.resolve()), "KVLAB_QUICK": "1" if quick else "0", "MPLBACKEND": "Agg",
-            "PYTHONHASHSEED": "0"}
+            "PYTHONHASHSEED": "0", **NO_WIDGET_PROGRESS}
 
 
 def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path | None = None,
@@ -350,6 +356,28 @@ def _stable_sha256(path: Path, timing: bool | list[str]) -> str | None:
     return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
+def machine() -> dict[str, Any]:
+    """The machine the notebooks' times were measured on: the cores this process may use (as ``nproc``
+    counts them) and the CPU model (``/proc/cpuinfo``'s ``model name``; None where there is none)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count()
+    model = None
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name":
+                model = " ".join(value.split())
+                break
+    return {"cores": cores, "cpu": model}
+
+
+def machine_text(info: dict[str, Any]) -> str:
+    """``2 cores, AMD EPYC 7B13`` (``nproc`` cores, CPU model)."""
+    return f"{info.get('cores')} cores, {info.get('cpu') or 'CPU model unknown'}"
+
+
 def build_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dict[str, Any]:
     """The index of every notebook folder under ``out`` (figures and the executed copy's run record; executed
     copies in ``executed_dir`` if given)."""
@@ -365,7 +393,9 @@ def build_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dic
         notebooks.append({"notebook": folder.name, "executed": os.path.relpath(path, out) if run else None,
                           "quick": run.get("quick"), "seconds": run.get("seconds"), "error": run.get("error"),
                           "figures": figures})
-    return {"kind": INDEX_KIND, "quick": quick, "notebooks": notebooks}
+    total = sum(nb["seconds"] or 0.0 for nb in notebooks)
+    return {"kind": INDEX_KIND, "quick": quick, "machine": machine(), "total_seconds": round(total, 3),
+            "notebooks": notebooks}
 
 
 def data_digests(index: dict[str, Any]) -> dict[str, str]:
@@ -380,6 +410,12 @@ def index_markdown(index: dict[str, Any]) -> str:
     lines = [MD_MARK, "", "# Figures" + (" (quick mode)" if index["quick"] else ""), "",
              "Regenerate with `make figures` (docs/figures.md). Each figure's data is `<figure>.parquet`, its caption "
              "`<figure>.json`.", ""]
+    timed = [nb for nb in index["notebooks"] if nb.get("seconds") is not None]
+    if timed:
+        lines += [f"Wall time of each notebook's last run, measured on {machine_text(index.get('machine', {}))}: "
+                  f"{sum(nb['seconds'] for nb in timed):,.0f} s in all ({len(timed)} notebooks).", "",
+                  "| notebook | measured wall time (s) |", "|---|---|"]
+        lines += [f"| {nb['notebook']} | {nb['seconds']:,.1f} |" for nb in timed] + [""]
     for nb in index["notebooks"]:
         secs = f", {nb['seconds']:.0f} s" if nb.get("seconds") is not None else ""
         lines += [f"## {nb['notebook']}{secs}", ""]
@@ -455,6 +491,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                    help="executed notebooks go to DIR/<notebook>.ipynb (default OUT/<notebook>/<notebook>.ipynb)")
     p.add_argument("--notebooks", type=Path, default=Path("notebooks"), metavar="DIR",
                    help="the notebooks folder (default notebooks; the kernels run in its parent folder)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run every selected notebook even when one fails; end with the list of failures (exit 2)")
     p.add_argument("--check-stripped", action="store_true",
                    help="run nothing: check the notebooks are stored without outputs or volatile metadata")
     p.add_argument("--strip", action="store_true",
@@ -463,7 +501,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
 
 def cmd_figures(args: argparse.Namespace) -> int:
-    """Run the selected notebooks in order, print each one's wall time and a summary, write the index."""
+    """Run the selected notebooks in order, print each one's wall time and a summary, write the index (with the
+    machine the times were measured on). A failing notebook stops the run, or with ``--keep-going`` is listed
+    at the end (NotebookError naming every one that failed) after the others ran."""
     notebooks = select_notebooks(args.notebooks, args.only)
     for nb in notebooks:  # every selected notebook readable before any is run or stripped
         read_notebook(nb)
@@ -486,10 +526,18 @@ def cmd_figures(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else default_out(args.quick)
     prepare_targets(notebooks, out, args.executed)
     runs: list[NotebookRun] = []
+    failures: list[str] = []
     try:
         for nb in notebooks:
             print(f"{nb.stem}: running ({'quick' if args.quick else 'full'} mode) ...", flush=True)
-            run = run_notebook(nb, out, quick=args.quick, executed_dir=args.executed)
+            try:
+                run = run_notebook(nb, out, quick=args.quick, executed_dir=args.executed)
+            except NotebookError as exc:
+                if not args.keep_going:
+                    raise
+                failures.append(nb.stem)
+                print(f"{nb.stem}: failed: {exc}", flush=True)
+                continue
             runs.append(run)
             print(f"{nb.stem}: {len(run.figures)} figures in {run.seconds:.1f} s", flush=True)
             for problem in caption_problems(out / nb.stem, run.executed):
@@ -497,6 +545,9 @@ def cmd_figures(args: argparse.Namespace) -> int:
     finally:
         write_index(out, args.quick, args.executed)
     _print_summary(runs, out)
+    if failures:
+        raise NotebookError(f"{len(failures)} of {len(notebooks)} notebooks failed: {', '.join(failures)} "
+                            f"(each one's error above and in {out / 'index.md'})")
     return 0
 
 
@@ -514,5 +565,5 @@ def _print_summary(runs: list[NotebookRun], out: Path) -> None:
 
 __all__ = ["INDEX_FILES", "INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index",
            "caption_problems", "check_targets", "data_digests", "default_out", "executed_path", "figure_records",
-           "kernel_environment", "prepare_targets", "read_notebook", "run_notebook", "select_notebooks",
-           "strip_notebook", "stripped_problems", "write_index"]
+           "kernel_environment", "machine", "machine_text", "prepare_targets", "read_notebook", "run_notebook",
+           "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]

@@ -206,3 +206,23 @@ def test_timing_data_is_left_out_of_the_digests(tmp_path):
     second = data_digests(build_index(tmp_path / "out", quick=True))
     assert second["01_x/cols"] == data_digests(first)["01_x/cols"] and second["01_x/none"] != data_digests(first)[
         "01_x/none"]
+
+
+def test_keep_going_runs_every_notebook_lists_the_failures_and_records_times(notebooks, tmp_path, capsys):
+    write_notebook(notebooks / "00_broken.ipynb", [("code", "raise ValueError('boom')")])
+    out = tmp_path / "figs"
+    line = cli_error(capsys, ["figures", "--quick", "--keep-going", "--notebooks", str(notebooks), "--out", str(out)])
+    assert "1 of 2 notebooks failed: 00_broken" in line, line
+    assert (out / "01_tiny" / "hit_rate.png").is_file()  # run after the failure
+    index = index_of(out)
+    runs = {nb["notebook"]: nb for nb in index["notebooks"]}
+    assert runs["00_broken"]["error"].startswith("cell 1") and runs["01_tiny"]["error"] is None
+    assert index["machine"]["cores"] >= 1 and runs["01_tiny"]["seconds"] > 0
+    md = (out / "index.md").read_text()
+    assert f"measured on {index['machine']['cores']} cores" in md and "| 01_tiny | " in md
+    # kvlab's tqdm.auto in a kernel without ipywidgets: no "IProgress not found" warning in any output
+    executed = nbformat.read(out / "01_tiny" / "01_tiny.ipynb", as_version=4)
+    assert "IProgress" not in json.dumps([c.get("outputs", []) for c in executed.cells])
+    # without --keep-going the first failure stops the run
+    line = cli_error(capsys, ["figures", "--quick", "--notebooks", str(notebooks), "--out", str(tmp_path / "b")])
+    assert "00_broken.ipynb: cell 1" in line and not (tmp_path / "b" / "01_tiny" / "hit_rate.png").exists()
