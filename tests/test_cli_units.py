@@ -8,12 +8,11 @@ import json
 
 import pandas as pd
 import pytest
+from _util import cli_error
 
 from kvlab.cli import main
 from kvlab.experiment.config import CacheSpec, capacity_blocks
 from kvlab.workload import save_jsonl, synthetic_chat
-
-from _util import cli_error
 
 MODEL = "llama-3-8b"
 GIB = 0.1  # 51 blocks of 16 tokens of llama-3-8b KV (2 MiB per block, rounded down)
