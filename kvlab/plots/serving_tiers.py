@@ -2,7 +2,8 @@
 load-vs-recompute break-even, bytes moved per tier and link.
 
 Every function draws from the study's tidy tables (``runs``, ``traffic``, ``break_even``) on given axes, with
-units on every axis; :func:`kvlab.plots.tiers.save_figure` writes PNG and PDF.
+units on every axis; colours from :mod:`kvlab.plots.style`'s one palette; bytes in binary units (GiB or TiB,
+one unit per axes: :func:`byte_unit`); :func:`kvlab.plots.style.save` writes PNG and PDF.
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter
 
-LOAD_STYLE = (("#4c72b0", "-"), ("#c44e52", "--"), ("#55a868", ":"))
+from kvlab.plots import style
+
+LOAD_STYLE = ((style.PALETTE[0], "-"), (style.PALETTE[3], "--"), (style.PALETTE[2], ":"))
 STAT_MARKER = {"ttft_mean_s": ("o", "mean"), "ttft_p90_s": ("s", "p90")}
-SPLIT = (("queue_mean_s", "queueing", "#8c8c8c"), ("load_mean_s", "load (waiting for KV)", "#dd8452"),
-         ("compute_mean_s", "compute (prefill steps)", "#4c72b0"))
-PATH_STYLE = ("#55a868", "#8fbc8f", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#64b5cd")
+SPLIT = (("queue_mean_s", "queueing", style.PALETTE[6]), ("load_mean_s", "load (waiting for KV)", style.PALETTE[1]),
+         ("compute_mean_s", "compute (prefill steps)", style.PALETTE[0]))
+PATH_STYLE = style.PALETTE[:7]
+GIB, TIB = 2**30, 2**40
+
+
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit for an axis whose largest value is ``largest`` bytes: ``("TiB", 2**40)`` from 1 TiB up,
+    else ``("GiB", 2**30)``; one unit per axes (and per figure where the caller passes the figure's largest)."""
+    return ("TiB", TIB) if largest >= TIB else ("GiB", GIB)
 
 
 def _configurations(runs: pd.DataFrame) -> list[str]:
@@ -42,7 +52,7 @@ def plot_ttft(runs: pd.DataFrame, trace: str, ax: Axes) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title(f"{trace}: TTFT per configuration")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def plot_ttft_split(runs: pd.DataFrame, trace: str, ax: Axes) -> None:
@@ -64,7 +74,7 @@ def plot_ttft_split(runs: pd.DataFrame, trace: str, ax: Axes) -> None:
     ax.set_ylabel("mean TTFT (s)")
     ax.set_title(f"{trace}: mean TTFT split (left: load {loads[0]:g}, hatched: load {loads[-1]:g})")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def plot_break_even(frame: pd.DataFrame, layout: str, ax: Axes) -> None:
@@ -73,9 +83,10 @@ def plot_break_even(frame: pd.DataFrame, layout: str, ax: Axes) -> None:
     part = frame[frame["kv_layout"] == layout]
     first = part[part["path"] == part["path"].iloc[0]]
     ax.plot(first["prefix_tokens"], first["recompute_s"], color="black", linewidth=2.5, label="recompute")
-    for (path, g), color in zip(part.groupby("path", sort=False), PATH_STYLE, strict=False):
+    for i, (path, g) in enumerate(part.groupby("path", sort=False)):
         calibrated = bool(g["calibrated"].iloc[0])
-        ax.plot(g["prefix_tokens"], g["load_s"], color=color,
+        color = PATH_STYLE[i % len(PATH_STYLE)]
+        ax.plot(g["prefix_tokens"], g["load_s"], color=color, linestyle=style.LINESTYLES[1 + i % 3],
                 label=f"load: {path}" + ("" if calibrated else " (uncalibrated)"))
         faster = g[g["load_s"] < g["recompute_s"]]
         if len(faster):
@@ -87,27 +98,27 @@ def plot_break_even(frame: pd.DataFrame, layout: str, ax: Axes) -> None:
     ax.set_ylabel("time (s, log scale)")
     ax.set_title(f"load vs recompute, kv_layout={layout}")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def plot_traffic(traffic: pd.DataFrame, trace: str, load: float, ax: Axes,
-                 configurations: Sequence[str] | None = None) -> None:
-    """Bytes (GB) per tier (written into it, read back) and per link and medium (moved both ways), grouped by
-    configuration, at one load."""
+                 configurations: Sequence[str] | None = None, unit: tuple[str, float] | None = None) -> None:
+    """Bytes per tier (written into it, read back) and per link and medium (moved both ways), grouped by
+    configuration, at one load; in ``unit`` (name, bytes: default :func:`byte_unit` of the largest bar)."""
     part = traffic[(traffic["trace"] == trace) & (traffic["load"] == load)]
     configs = list(configurations) if configurations is not None else _configurations(part)
     part = part[part["configuration"].isin(configs)]
     series = list(dict.fromkeys(zip(part["kind"], part["name"], part["direction"], strict=True)))
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(configs))
+    unit_name, scale = unit if unit is not None else byte_unit(float(part["bytes"].max()) if len(part) else 0.0)
     for i, (kind, name, direction) in enumerate(series):
         g = part[(part["kind"] == kind) & (part["name"] == name) & (part["direction"] == direction)]
-        gb = g.set_index("configuration")["bytes"].reindex(configs).fillna(0.0) / 1e9
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, gb, width, color=PATH_STYLE[i % len(PATH_STYLE)],
+        amount = g.set_index("configuration")["bytes"].reindex(configs).fillna(0.0) / scale
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, amount, width, color=PATH_STYLE[i % len(PATH_STYLE)],
                hatch="//" if kind != "tier" else None, label=f"{kind} {name}: {direction}")
     ax.set_xticks(x, configs, rotation=40, ha="right", fontsize=8)
-    ax.set_ylabel("bytes (GB)")
+    ax.set_ylabel(f"bytes ({unit_name})")
     ax.set_title(f"{trace}: bytes per tier, link and medium (load {load:g})")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_ylim(0, max(ax.get_ylim()[1], 1e-9) * 1.45)  # room for the legend above the bars
-    ax.legend(fontsize=7, ncol=2, loc="upper center")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
