@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -47,7 +46,7 @@ def plot_tier_shares(runs: pd.DataFrame, trace: str, ax: Axes | None = None, tit
     served the hit; bars grouped by cluster (1 node; N nodes per router). Dashed: the ideal hit rate (one
     unbounded cache); dotted per group: unbounded caches private to each node (the most private tiers give)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+        _, ax = style.figure("double")
     sc = runs[(runs["section"] == "scenarios") & (runs["trace"] == trace)].reset_index(drop=True)
     groups = sc.apply(_group_label, axis=1)
     x, pos, centers = 0.0, [], {}
@@ -71,13 +70,13 @@ def plot_tier_shares(runs: pd.DataFrame, trace: str, ax: Axes | None = None, tit
         ax.hlines(private, xs[0] - 0.45, xs[-1] + 0.45, colors="k", linestyles=":", lw=1.2,
                   label="unbounded private caches per node" if first else "_nolegend_")
         first = False
-        ax.text(np.mean(xs), -0.2, g, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8)
-    ax.set_xticks(pos, sc["scenario"], rotation=25, ha="right", fontsize=8)
+        ax.text(np.mean(xs), 1.01, g, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(pos, sc["scenario"], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("token hit rate (fraction of prompt tokens)")
-    ax.set_ylim(0, max(bottom.max(), sc["ideal_hit_rate"].max()) * 1.45)
+    ax.set_ylim(0, max(bottom.max(), sc["ideal_hit_rate"].max()) * 1.15)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7, loc="upper center", ncol=3)
-    ax.set_title(title or trace)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.set_title(title or trace, pad=12)
     return ax
 
 
@@ -89,7 +88,7 @@ def plot_capacity_sweep(runs: pd.DataFrame, tiers: pd.DataFrame, trace: str, *, 
     gives the same numbers). Dashed: the ideal hit rate; dotted: ``target`` × ideal; grey vertical: the
     workload's distinct KV (``footprint_gib``)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 3.8))
+        _, ax = style.figure("column")
     col = f"{tier}_gib"
     rows = runs[(runs["section"] == section) & (runs["trace"] == trace)]
     full = tiers[(tiers["section"] == section) & (tiers["trace"] == trace) & (tiers["tier"] == tier)]
@@ -109,7 +108,7 @@ def plot_capacity_sweep(runs: pd.DataFrame, tiers: pd.DataFrame, trace: str, *, 
     _gib_axis(ax, f"{tier.upper()} tier")
     ax.set_ylabel("token hit rate (fraction of prompt tokens)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(title or trace)
     return ax
 
@@ -120,7 +119,7 @@ def plot_tier_metric_sweep(tiers: pd.DataFrame, trace: str, *, metric: str = "by
     """``metric`` / ``scale`` of ``tier`` against its capacity (GiB of KV, log scale), one line per write
     policy (default: bytes written, in TiB)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 3.8))
+        _, ax = style.figure("column")
     col = f"{tier}_gib"
     rows = tiers[(tiers["section"] == section) & (tiers["trace"] == trace) & (tiers["tier"] == tier)]
     for write, part in rows.groupby("write", sort=False):
@@ -131,7 +130,7 @@ def plot_tier_metric_sweep(tiers: pd.DataFrame, trace: str, *, metric: str = "by
     _gib_axis(ax, f"{tier.upper()} tier")
     ax.set_ylabel(ylabel or (f"{tier.upper()} bytes written (TiB)" if metric == "bytes_written" else metric))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(title or trace)
     return ax
 
@@ -141,8 +140,8 @@ def plot_write_policies(tiers: pd.DataFrame, trace: str, axes: Sequence[Axes]) -
     write amplification (bytes written / bytes read) and the share of stored blocks never loaded."""
     rows = tiers[(tiers["section"] == "write_policy") & (tiers["trace"] == trace)]
     metrics = [("bytes_written", 1 / TIB, "bytes written (TiB)"),
-               ("write_amplification", 1.0, "write amplification (bytes written / bytes read)"),
-               ("never_loaded_share", 1.0, "stored blocks never loaded (fraction)")]
+               ("write_amplification", 1.0, "write amplification\n(written / read)"),
+               ("never_loaded_share", 1.0, "stored blocks never\nloaded (fraction)")]
     names = list(dict.fromkeys(rows["tier"]))
     writes = list(dict.fromkeys(rows["write"]))
     width = 0.8 / max(len(writes), 1)
@@ -156,12 +155,12 @@ def plot_write_policies(tiers: pd.DataFrame, trace: str, axes: Sequence[Axes]) -
             for xv, v in zip(xs, values, strict=True):
                 ax.text(xv, 0 if np.isnan(v) else v, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center",
                         va="bottom", fontsize=7)
-        ax.set_xticks(np.arange(len(names)), [LEVEL_LABELS.get(n, n) for n in names])
-        ax.set_ylabel(label, fontsize=8)
+        ax.set_xticks(np.arange(len(names)), [LEVEL_LABELS.get(n, n).replace(" ", "\n", 1) for n in names])
+        ax.set_ylabel(label, fontsize=7)
         ax.set_xlabel("tier")
         ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7)
-    axes[0].set_title(trace, fontsize=9, loc="left")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    axes[0].set_title(trace, fontsize=8, loc="left")
     return axes
 
 
@@ -175,7 +174,7 @@ def plot_tier_breakdown(table: pd.DataFrame, *, label: str | Sequence[str] | Non
     from kvlab.results.runs import varying_columns
 
     if ax is None:
-        _, ax = plt.subplots(figsize=style.SINGLE)
+        _, ax = style.figure("column")
     rows = table.reset_index(drop=True)
     tiers = [c[: -len("_hit_share")] for c in rows.columns if c.endswith("_hit_share")]
     device = "device_token_hit_rate" if "device_token_hit_rate" in rows else "token_hit_rate"
