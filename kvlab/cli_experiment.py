@@ -59,16 +59,69 @@ def _after_runs(kept: str, todo: str) -> Iterator[None]:
         if isinstance(exc, OSError) and exc.filename is None:
             raise
         raise ConfigError(f"{kept}; then: {' '.join(str(exc).split())}; {todo}") from None
+    except (MemoryError, RecursionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a kvlab bug after the runs: still one line, the runs kept
+        raise ConfigError(f"{kept}; then kvlab failed ({type(exc).__name__}: {' '.join(str(exc).split())}), "
+                          f"a bug to report; {todo}") from None
+
+
+#: printed column -> the table's column: the post-warm-up values (what hit_rate_ci and the figure are about)
+WARMED_COLUMNS = {"hit_rate_warmed": "token_hit_rate_warmed", "ideal_warmed": "ideal_hit_rate_warmed",
+                  "ttft_p50_warmed": "ttft_p50_s_warmed", "ttft_p90_warmed": "ttft_p90_s_warmed"}
+#: whole-run summary columns not printed (a point estimate without an interval beside the warmed ones)
+WHOLE_RUN_HIDDEN = ("token_hit_rate", "ideal_hit_rate", "block_hit_rate", "request_hit_rate", "ttft_p50_s",
+                    "ttft_p90_s")
 
 
 def _print_table(table, experiment) -> None:  # noqa: ANN001 - a DataFrame, an Experiment
+    """One line per run: the post-warm-up token hit rate beside its interval (``hit_rate_warmed``,
+    ``hit_rate_ci``), the infinite cache over the same warmed requests (``ideal_warmed``: the figure's
+    baseline), and the whole-run rate labelled ``hit_rate_all``; then, with replicates, one line per point (the
+    figure's points and bands)."""
     from kvlab.cli_replay import print_summary
 
     axes = [k for k in {**experiment.sweep.grid, **experiment.sweep.zip} if k not in ("cache.policy",
                                                                                     "cache.capacity_blocks")]
+    shown = ["policy", "capacity_blocks", "mode", "hit_rate_warmed", "hit_rate_ci", "ideal_warmed"]
     if experiment.driver != "replay":  # latencies of the serving simulator or the engine
-        axes += ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
-    print_summary(table.to_dict("records"), extra=axes + ["hit_rate_ci"])
+        shown += ["ttft_p50_warmed", "ttft_p90_warmed", "ttft_p99_s", "tpot_p50_s", "output_throughput"]
+    rows = []
+    for row in table.to_dict("records"):
+        row.update({k: row.get(v) for k, v in WARMED_COLUMNS.items()})
+        row["hit_rate_all"] = row.get("token_hit_rate")
+        rows.append({k: v for k, v in row.items() if k not in WHOLE_RUN_HIDDEN})
+    print("hit_rate_warmed, ideal_warmed: token hit rate after the warm-up (the results' token_hit_rate_warmed, "
+          "ideal_hit_rate_warmed; what hit_rate_ci, the figure and --paired are about); hit_rate_all: over every "
+          "request (token_hit_rate)" + ("; ttft_*_warmed: after the warm-up, ttft_p99_s, tpot_p50_s: every "
+                                        "request" if experiment.driver != "replay" else ""))
+    print_summary(rows, extra=axes + shown + ["hit_rate_all"])
+    _print_replicates(table)
+
+
+def _print_replicates(table) -> None:  # noqa: ANN001 - a DataFrame
+    """With replicates (``seed`` / ``trace.resample_seed`` sweeps): one line per point, the mean of its runs'
+    ``hit_rate_warmed`` with the t interval over them and the mean ``ideal_warmed`` (what the figure draws)."""
+    from kvlab.analysis.runs import REPLICATE, has_replicates, replicate_intervals
+    from kvlab.results.runs import varying_columns
+
+    if table.empty or not has_replicates(table):
+        return
+    ideal = "ideal_hit_rate_warmed" in table
+    reps = replicate_intervals(table, ("token_hit_rate", "ideal_hit_rate") if ideal else ("token_hit_rate",))
+    level = float(reps["ci_level"].iloc[0])
+    which = ", ".join(c for c in REPLICATE if c in table and table[c].astype(str).nunique() > 1)
+    print(f"\nover replicates ({which}): per point, the mean of the runs' hit_rate_warmed and its {level:.0%} "
+          "t interval over the replicates (the figure's points and bands)")
+    cols = [c for c in varying_columns(reps) if c not in ("replicates", "ci_level") and not c.endswith(
+        ("_rep_mean", "_rep_low", "_rep_high"))]
+    for _, r in reps.iterrows():
+        where = ", ".join(f"{c}={r[c]}" for c in cols)
+        low, high = r["token_hit_rate_rep_low"], r["token_hit_rate_rep_high"]
+        ci = f"[{low:.4f}, {high:.4f}]" if low == low else "-"
+        extra = f", ideal_warmed {r['ideal_hit_rate_rep_mean']:.4f}" if ideal else ""
+        print(f"  {where}: hit_rate_warmed {r['token_hit_rate_rep_mean']:.4f} {ci}  "
+              f"({int(r['replicates'])} replicates{extra})")
 
 
 def _paired_arg(text: str | None, experiment) -> tuple[str, str] | None:  # noqa: ANN001 - an Experiment
@@ -91,7 +144,9 @@ def _with_intervals(table, experiment, folder: Path):  # noqa: ANN001, ANN202 - 
 
     if table.empty:
         return table
-    table = run_intervals(table, experiment.analysis, metrics=("token_hit_rate",), folder=folder)
+    metrics = ["token_hit_rate"] + (["ideal_hit_rate"] if "ideal_hit_rate" in table else [])
+    metrics += ["ttft_p50_s", "ttft_p90_s"] if experiment.driver != "replay" else []
+    table = run_intervals(table, experiment.analysis, metrics=metrics, folder=folder)
     level = f"{experiment.analysis.confidence:.0%}"
     table["hit_rate_ci"] = [f"[{lo:.4f}, {hi:.4f}]" if lo == lo else "-" for lo, hi in
                             zip(table["token_hit_rate_ci_low"], table["token_hit_rate_ci_high"], strict=True)]
@@ -109,15 +164,28 @@ def _with_intervals(table, experiment, folder: Path):  # noqa: ANN001, ANN202 - 
 
 
 def _print_paired(table, folder: Path, experiment, a: str, b: str) -> None:  # noqa: ANN001
-    from kvlab.analysis.runs import paired
+    """``--paired A,B``: with replicates one t interval per point over the per-replicate differences of the
+    post-warm-up hit rates; else per run pair, paired batch means on the same warmed windows."""
+    from kvlab.analysis.runs import has_replicates, paired, paired_replicates
 
+    level = f"{experiment.analysis.confidence:.0%}"
+    if has_replicates(table):
+        diff = paired_replicates(table, a, b, confidence=experiment.analysis.confidence)
+        print(f"\npaired {a} - {b}: post-warm-up token hit rate (hit_rate_warmed), {level} t interval over the "
+              "per-replicate differences")
+        keys = [c for c in diff.columns if c not in ("a", "b", "metric", "method", "estimate", "low", "high",
+                                                      "level", "replicates")]
+        for _, row in diff.iterrows():
+            where = ", ".join(f"{k}={row[k]}" for k in keys) or "all runs"
+            ci = f"[{row['low']:+.4f}, {row['high']:+.4f}]" if row["low"] == row["low"] else "-"
+            print(f"  {where}: {row['estimate']:+.4f} {ci}  ({int(row['replicates'])} replicates)")
+        return
     diff = paired(table, a, b, spec=experiment.analysis, folder=folder)
-    print(f"\npaired {a} - {b}: token hit rate, the same warmed windows ({experiment.analysis.confidence:.0%} "
-          "interval)")
+    print(f"\npaired {a} - {b}: token hit rate, the same warmed windows ({level} interval)")
     keys = [c for c in diff.columns if c not in ("a", "b", "metric", "estimate", "low", "high", "level", "n",
                                                   "lag1", "run_a", "run_b", "method")]
     for _, row in diff.iterrows():
-        where = ", ".join(f"{k}={row[k]}" for k in keys)
+        where = ", ".join(f"{k}={row[k]}" for k in keys) or "all runs"
         print(f"  {where}: {row['estimate']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}]  (lag-1 {row['lag1']:+.2f})")
 
 

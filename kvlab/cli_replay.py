@@ -230,7 +230,7 @@ def print_summary(rows: list[dict], extra: list[str] | tuple[str, ...] = ()) -> 
         for key in row:
             if key.endswith(("_hit_share", "_capacity_blocks")) and key != "capacity_blocks" and key not in tiered:
                 tiered.append(key)
-    cols = cols[:1] + [c for c in extra if c not in cols] + cols[1:]  # e.g. an experiment's sweep axes
+    cols = cols[:1] + list(extra) + [c for c in cols[1:] if c not in extra]  # e.g. an experiment's axes, in order
     cols = [c for c in cols + tiered if any(not _missing(row.get(c)) for row in rows)]
     widths = [max(15, len(c)) for c in cols]
     print("  ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))

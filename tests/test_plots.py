@@ -63,15 +63,26 @@ def test_hit_rate_vs_capacity_lines_bands_and_units():
     assert len(plain.collections) == 0 and len(plain.lines) == 3
 
 
-def test_fourteen_policies_never_share_a_look_and_the_legend_is_outside():
+def test_fourteen_policies_draw_at_most_max_series_styled_and_the_legend_is_outside():
+    """style.MAX_SERIES per panel: the 7 best of 14 policies styled (no two alike), the other 7 thin grey under
+    one legend entry; the legend below the axes, not over the data."""
+    from kvlab.plots import style
+    from kvlab.plots.capacity import draw_series
+
     names = [f"p{i:02d}" for i in range(14)]
     ax = plot_hit_rate_vs_capacity(sweep_table(names, bands=True), ideal=False)
-    looks = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in ax.lines}
-    assert len(looks) == 14
+    styled = [line for line in ax.lines if line.get_color() != style.REST_COLOR]
+    grey = [line for line in ax.lines if line.get_color() == style.REST_COLOR]
+    assert len(styled) == style.MAX_SERIES - 1 and len(grey) == 7
+    assert len({(line.get_color(), line.get_linestyle(), line.get_marker()) for line in styled}) == len(styled)
+    assert "other 7" in [t.get_text() for t in ax.figure.legends[0].get_texts()]
     fig = ax.figure
     fig.canvas.draw()
-    legend = ax.get_legend().get_window_extent()
-    assert legend.x0 >= ax.get_window_extent().x1  # right of the axes, not over the data
+    legend = fig.legends[0].get_window_extent()
+    assert legend.y1 <= ax.get_window_extent().y0  # below the axes, not over the data
+    _, fresh = style.figure("column")
+    assert draw_series(fresh, sweep_table(names, bands=True), "capacity_blocks", "token_hit_rate",
+                       "policy")["policy"].nunique() == 14  # the data keeps every series
 
 
 def test_ttft_cdf_and_ttft_vs_load():

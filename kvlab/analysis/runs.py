@@ -10,6 +10,8 @@ across replicate runs and paired A − B comparisons, as columns of the experime
   (rows that differ only in the replicate columns: ``seed``, ``trace.resample_seed``).
 * :func:`paired`: A − B (e.g. ARC − LRU) per matching point on the same windows
   (:func:`kvlab.analysis.intervals.paired_batch_means`).
+* :func:`paired_replicates`: A − B per point over replicates: one t interval over the per-replicate
+  differences of the post-warm-up values (what ``kvlab run --paired`` prints when the experiment has replicates).
 
 Column names: :data:`kvlab.metrics.INTERVAL_COLUMNS`. Headline metrics (:data:`HEADLINE`): ``token_hit_rate``
 (every driver) and, where the requests carry ``ttft_s``, ``ttft_mean_s``, ``ttft_p50_s`` and ``ttft_p90_s``
@@ -151,8 +153,10 @@ def run_intervals(source: pd.DataFrame | str | os.PathLike, spec: AnalysisSpec |
 
 # ----------------------------------------------------------------------------- across replicates
 def replicate_intervals(table: pd.DataFrame, metrics: Sequence[str] = ("token_hit_rate",), *,
-                        replicate: Sequence[str] = REPLICATE, confidence: float | None = None) -> pd.DataFrame:
-    """One row per point (the config columns but ``replicate``), with ``replicates`` (runs) and, per metric,
+                        replicate: Sequence[str] = REPLICATE, confidence: float | None = None,
+                        carry: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per point (the config columns but ``replicate``), with ``replicates`` (runs), the first run's
+    value of each ``carry`` column (e.g. ``capacity_blocks``, the same for every replicate) and, per metric,
     ``<metric>_rep_mean`` and the t interval ``<metric>_rep_low`` .. ``_rep_high`` over the runs'
     ``<metric>_warmed`` (or ``<metric>`` when :func:`run_intervals` was not applied); NaN bounds with one run.
 
@@ -166,6 +170,9 @@ def replicate_intervals(table: pd.DataFrame, metrics: Sequence[str] = ("token_hi
     for key, group in table.groupby(keys, dropna=False, sort=False) if keys else [((), table)]:
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
         row["replicates"] = len(group)
+        for c in carry:
+            if c in group:
+                row[c] = group[c].iloc[0]
         for m in metrics:
             values = group[f"{m}_warmed" if f"{m}_warmed" in group else m].to_numpy(dtype=np.float64)
             values = values[np.isfinite(values)]
@@ -232,5 +239,55 @@ def paired(source: pd.DataFrame | str | os.PathLike, a: object, b: object, *, co
     return pd.DataFrame(rows)
 
 
-__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "fitted_windows", "paired",
-           "replicate_intervals", "run_intervals", "run_requests", "table_and_folder"]
+def has_replicates(table: pd.DataFrame, replicate: Sequence[str] = REPLICATE) -> bool:
+    """Whether some point of ``table`` has several runs that differ only in the ``replicate`` columns."""
+    return bool(len(table)) and bool((replicate_intervals(table, (), replicate=replicate,
+                                                          confidence=0.95)["replicates"] > 1).any())
+
+
+def paired_replicates(table: pd.DataFrame, a: object, b: object, *, column: str = "cache.policy",
+                      metric: str = "token_hit_rate", replicate: Sequence[str] = REPLICATE,
+                      confidence: float | None = None) -> pd.DataFrame:
+    """A − B per point over replicates: for each replicate (the same ``seed`` / ``trace.resample_seed``) the
+    difference of the two runs' post-warm-up ``<metric>_warmed`` (:func:`run_intervals`), then one Student-t
+    interval over those differences. One row per point: the point's varying config columns, ``a``, ``b``,
+    ``metric``, ``method`` (``paired_replicates``), ``estimate`` (mean difference), ``low``, ``high``,
+    ``level``, ``replicates`` (pairs; NaN bounds with fewer than 2)."""
+    col = f"{metric}_warmed"
+    if col not in table:
+        raise ConfigError(f"the table has no {col} column: apply run_intervals first")
+    level = confidence if confidence is not None else float(table["ci_level"].iloc[0]) if "ci_level" in table \
+        else AnalysisSpec().confidence
+    reps = [c for c in replicate if c in table]
+    keys = config_columns(table, exclude=[column, "sweep_point", *reps])
+    shown = [k for k in keys if table[k].astype(str).nunique() > 1]
+    sides = {}
+    for name, value in (("a", a), ("b", b)):
+        part = table[table[column] == value]
+        if part.empty:
+            raise ConfigError(f"{name}={value!r}: no run has {column} = {value!r}")
+        sides[name] = {tuple(str(r[k]) for k in keys + reps): r for _, r in part.iterrows()}
+    rows: dict[tuple, dict] = {}
+    for where, ra in sides["a"].items():
+        rb = sides["b"].get(where)
+        if rb is None:
+            continue
+        point = where[:len(keys)]
+        row = rows.setdefault(point, {**{k: ra[k] for k in shown}, "diffs": []})
+        row["diffs"].append(float(ra[col]) - float(rb[col]))
+    if not rows:
+        raise ConfigError(f"no point has runs of both {a!r} and {b!r}")
+    out = []
+    for row in rows.values():
+        diffs = np.asarray([d for d in row.pop("diffs") if math.isfinite(d)], dtype=np.float64)
+        if len(diffs) >= 2:
+            mean, low, high = t_interval(diffs, level)
+        else:
+            mean, low, high = (float(diffs[0]) if len(diffs) else math.nan), math.nan, math.nan
+        out.append({**row, "a": a, "b": b, "metric": metric, "method": "paired_replicates", "estimate": mean,
+                    "low": low, "high": high, "level": level, "replicates": len(diffs)})
+    return pd.DataFrame(out)
+
+
+__all__ = ["HEADLINE", "REPLICATE", "AnalysisSpec", "config_columns", "fitted_windows", "has_replicates", "paired",
+           "paired_replicates", "replicate_intervals", "run_intervals", "run_requests", "table_and_folder"]

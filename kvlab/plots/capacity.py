@@ -8,7 +8,6 @@ else the plain column (no band). :func:`draw_series` draws one styled line per g
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
 
@@ -36,18 +35,55 @@ def series_data(table: pd.DataFrame, x: str, metric: str, hue: str) -> pd.DataFr
     return out.sort_values([hue, x], kind="stable").reset_index(drop=True)
 
 
+#: hue columns whose values are policies: drawn with :func:`style.policy_style` (the same look everywhere)
+POLICY_HUES = ("policy", "cache.policy")
+
+
+def hue_style(hue: str, name: object, i: int) -> dict:
+    """The look of series ``name`` (the ``i``-th value of ``hue``): :func:`style.policy_style` for a policy
+    column, else :func:`style.series_style`."""
+    return style.policy_style(str(name)) if hue in POLICY_HUES else style.series_style(i)
+
+
 def draw_series(ax: Axes, table: pd.DataFrame, x: str, metric: str, hue: str, *, bands: bool = True,
                 start: int = 0, **line: object) -> pd.DataFrame:
-    """One line of ``metric`` against ``x`` per value of ``hue`` (sorted; styles :func:`style.series_style`
-    from ``start``, overridden by ``line``), with its confidence band when the table has one. Returns
-    :func:`series_data`."""
+    """One line of ``metric`` against ``x`` per value of ``hue`` (sorted; a policy's own style, else
+    :func:`style.series_style` from ``start``, overridden by ``line``), with its confidence band when the table
+    has one. At most :data:`style.MAX_SERIES` styled lines: with more values, the ``MAX_SERIES - 1`` with the
+    highest mean estimate are drawn, the rest thin and grey under one legend entry (the data keeps every
+    series). Returns :func:`series_data`."""
     data = series_data(table, x, metric, hue)
-    for i, (name, group) in enumerate(data.groupby(hue, sort=True)):
-        st = {**style.series_style(start + i), **line}
+    groups = list(data.groupby(hue, sort=True))
+    top = {name for name, _ in groups}
+    if len(groups) > style.MAX_SERIES:
+        means = sorted(((g["estimate"].mean(), str(n)) for n, g in groups), reverse=True)
+        top = {n for _, n in means[:style.MAX_SERIES - 1]}
+    rest = 0
+    for i, (name, group) in enumerate(groups):
+        if str(name) not in {str(t) for t in top}:
+            ax.plot(group[x], group["estimate"], color=style.REST_COLOR, linewidth=0.8, zorder=1,
+                    label=f"other {len(groups) - len(top)}" if not rest else "_nolegend_")
+            rest += 1
+            continue
+        st = {**hue_style(hue, name, start + i), **line}
         ax.plot(group[x], group["estimate"], label=str(name), **st)
         if bands and group["low"].notna().any():
             style.band(ax, group[x], group["low"], group["high"], st["color"])
     return data
+
+
+def legend_below(ax: Axes) -> object:
+    """The axes' legend below the figure's panels (outside the data, in as many columns as fit a column-wide
+    figure: 3), or None when nothing is labelled."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    if not isinstance(ax.figure.get_layout_engine(), ConstrainedLayoutEngine):  # "outside" needs it
+        return style.legend(ax, outside=True)
+    return ax.figure.legend(handles, labels, loc="outside lower center", ncol=min(3, len(handles)),
+                            frameon=False)
 
 
 def plot_hit_rate_vs_capacity(
@@ -60,6 +96,7 @@ def plot_hit_rate_vs_capacity(
     title: str | None = None,
     x: str = "capacity_blocks",
     bands: bool = True,
+    xlabel: str | None = None,
 ) -> Axes:
     """Plot ``metric`` (a fraction) against ``x`` (capacity in blocks, log scale) from a sweep or experiment
     table, one line per ``hue`` value, with a confidence band where the table has intervals
@@ -68,11 +105,12 @@ def plot_hit_rate_vs_capacity(
     With ``ideal``, the unbounded-capacity hit rate is drawn as a baseline. Runs that rejected requests (a
     prompt larger than the cache: never served, its tokens counted as misses) are circled in red and labelled
     with the number rejected, so a low point is never mistaken for a policy effect. The y axis starts at 0 and
-    ends a little above the highest value (at most 1); x ticks at the capacities drawn (up to 12); the legend
-    right of the axes, outside the curves.
+    ends a little above the highest value (at most 1); x ticks at the capacities drawn (up to 6); the legend
+    below the axes, outside the curves. ``xlabel``: the x axis' label (default capacity in blocks; e.g. GiB
+    of KV when ``x`` is a GiB column). Styles: :func:`draw_series` (a policy keeps its look everywhere).
     """
     if ax is None:
-        _, ax = plt.subplots(figsize=style.SINGLE)
+        _, ax = style.figure("column")
     est, _, _ = estimate_columns(table, metric)
     drawn = draw_series(ax, table, x, metric, hue, bands=bands)
     rejected_label = "rejected requests (prompt > cache)"
@@ -87,15 +125,15 @@ def plot_hit_rate_vs_capacity(
     if ideal and "ideal_hit_rate" in table:
         ax.axhline(table["ideal_hit_rate"].max(), label="infinite cache", **style.baseline_style("infinite cache"))
     ax.set_xscale("log")
-    style.value_ticks(ax, table[x])
-    ax.set_xlabel("capacity (blocks, log scale)")
+    style.value_ticks(ax, table[x], most=6)
+    ax.set_xlabel(xlabel or "capacity (blocks, log scale)")
     label = metric.replace("_", " ")
     ax.set_ylabel(f"{label} (fraction)" if metric.endswith("rate") else label)
     top = max(drawn["estimate"].max(), drawn["high"].max() if drawn["high"].notna().any() else 0.0,
               table["ideal_hit_rate"].max() if ideal and "ideal_hit_rate" in table else 0.0)
     ax.set_ylim(0, min(1.0, 1.15 * top) if top > 0 else 1.0)  # a fraction: from 0, headroom for the legend
     ax.grid(alpha=0.3)
-    style.legend(ax, outside=True)
+    legend_below(ax)
     if title:
         ax.set_title(title)
     return ax

@@ -33,8 +33,9 @@ from kvlab.results.runs import varying_columns
 #: kind -> what the figure shows (the caption's ``shows``)
 KINDS = {
     "hit_rate_vs_capacity": "token hit rate (fraction of prompt tokens, after warm-up) against cache capacity "
-                            "(blocks, log scale), one line per policy; bands: confidence intervals (batch means "
-                            "over warmed windows of each run, or a t interval over replicate runs)",
+                            "(GiB of KV where a model is known, else blocks; log scale), one line per policy; "
+                            "bands: confidence intervals (batch means over warmed windows of each run, or a t "
+                            "interval over replicate runs)",
     "ttft_cdf": "empirical CDF of TTFT (s, log scale) over admitted requests, one line per run",
     "ttft_vs_load": "TTFT p50 and p90 (s, after warm-up) against the mean arrival rate (requests/s), one colour "
                     "per policy; bands: batch-means confidence intervals",
@@ -111,10 +112,11 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
     title = f"{exp_name}, {subtitle}" if subtitle else exp_name
     where = Path(out) if out is not None else experiment_figure_folder(results, exp_name)
     check_folder(where, names=figure_files(name or kind))  # a file kvlab did not write: refused before drawing
-    fig, ax = plt.subplots(figsize=style.SINGLE)
+    fig, ax = style.figure("column", height=3.0)
+    extra: dict = {}
     try:
         if kind == "hit_rate_vs_capacity":
-            data = _hit_rate(table, path, spec, hue, ax, title)
+            data, extra = _hit_rate(table, path, spec, hue, ax, title)
         elif kind == "ttft_vs_load":
             table = run_intervals(table, spec, metrics=("ttft_p50_s", "ttft_p90_s"), folder=path)
             _, data = plot_ttft_vs_load(table, hue=hue, ax=ax, title=title)
@@ -126,25 +128,61 @@ def figure_from_experiment(experiment: str | os.PathLike | pd.DataFrame, kind: s
             data = _memory(table, path, run_id, ax, title)
         else:
             _, data = plot_tier_breakdown(table, ax=ax, title=title)
-        return style.save(fig, where, name or kind, data=data, caption=caption(table, path, kind, spec))
+        return style.save(fig, where, name or kind, data=data, caption={**caption(table, path, kind, spec), **extra})
     finally:
         plt.close(fig)
 
 
-def _hit_rate(table: pd.DataFrame, path: Path, spec: AnalysisSpec, hue: str, ax, title: str) -> pd.DataFrame:  # noqa: ANN001
-    """Hit rate vs capacity: batch-means bands per run, or replicate bands where points have several runs."""
+def capacity_axis(table: pd.DataFrame) -> tuple[pd.DataFrame, str, str, dict]:
+    """``(table, x column, x label, caption note)`` of a capacity figure: GiB of KV where the runs give the
+    capacity in GiB (``cache.capacity_gib``) or a model is known (blocks converted with the model's KV bytes per
+    block into a ``capacity_gib`` column), else blocks. The caption note maps each x value to its blocks."""
+    from kvlab.tiers.results import kv_bytes_per_block
+
+    blocks = "cache.capacity_blocks" if "cache.capacity_blocks" in table and \
+        table["cache.capacity_blocks"].notna().all() else "capacity_blocks"
+    models = table["model"].dropna().unique() if "model" in table else []
+    if "cache.capacity_gib" in table and table["cache.capacity_gib"].notna().all():
+        x = "cache.capacity_gib"
+    elif len(models) == 1 and blocks in table and "cache.block_size" in table:
+        per_block = kv_bytes_per_block(str(models[0]), int(table["cache.block_size"].iloc[0]))
+        table = table.assign(capacity_gib=table[blocks] * per_block / 2**30)
+        x = "capacity_gib"
+    else:
+        return table, blocks, "capacity (blocks, log scale)", {}
+    model = f" of {models[0]}" if len(models) == 1 else ""
+    have = "capacity_blocks" if "capacity_blocks" in table else blocks if blocks in table else None
+    pairs = {f"{g:g}": int(b) for g, b in zip(table[x], table[have], strict=True) if b == b} if have else {}
+    return table, x, f"capacity (GiB of KV{model}, log scale)", {"capacity_gib_to_blocks": pairs}
+
+
+def ideal_baseline(drawn: pd.DataFrame) -> float:
+    """The figure's infinite-cache line: the mean post-warm-up ideal hit rate of the points drawn (per run
+    ``ideal_hit_rate_warmed``, or over replicates ``ideal_hit_rate_rep_mean``), the value ``kvlab run`` prints
+    as ``ideal_warmed`` (per run, or per point over replicates)."""
+    col = "ideal_hit_rate_rep_mean" if "ideal_hit_rate_rep_mean" in drawn else "ideal_hit_rate_warmed"
+    return float(drawn[col].mean())
+
+
+def _hit_rate(table: pd.DataFrame, path: Path, spec: AnalysisSpec, hue: str, ax, title: str) -> tuple[pd.DataFrame, dict]:  # noqa: ANN001, E501
+    """Hit rate vs capacity: batch-means bands per run, or replicate bands where points have several runs;
+    returns the data drawn and the caption's extra fields (the baseline, the capacities in blocks)."""
     ideal = "ideal_hit_rate" in table
-    table = run_intervals(table, spec, metrics=("token_hit_rate", "ideal_hit_rate") if ideal else ("token_hit_rate",),
-                          folder=path)
-    reps = replicate_intervals(table)
+    metrics = ("token_hit_rate", "ideal_hit_rate") if ideal else ("token_hit_rate",)
+    table = run_intervals(table, spec, metrics=metrics, folder=path)
+    reps = replicate_intervals(table, metrics, carry=("capacity_blocks",))
     drawn = reps if (reps["replicates"] > 1).any() else table
-    if ideal:  # the infinite cache over the same warmed requests
-        drawn = drawn.assign(ideal_hit_rate=table["ideal_hit_rate_warmed"].max())
-    x = "cache.capacity_blocks" if drawn["cache.capacity_blocks"].notna().all() else "capacity_blocks"
-    what = "t interval over replicate runs" if drawn is reps else f"batch means, {spec.windows} windows"
-    plot_hit_rate_vs_capacity(drawn, hue=hue, x=x, ax=ax, title=f"{title}\n{_analysis_note(spec)}, "
-                              f"{spec.confidence:.0%} CI: {what}")
-    return series_data(drawn, x, "token_hit_rate", hue)
+    extra: dict = {}
+    if ideal:  # the infinite cache over the same warmed requests: the table's ideal_warmed
+        extra["ideal_hit_rate_warmed"] = ideal_baseline(drawn)
+        drawn = drawn.assign(ideal_hit_rate=extra["ideal_hit_rate_warmed"])
+    drawn, x, xlabel, note = capacity_axis(drawn)
+    extra.update(note)
+    what = "t interval over replicate runs" if drawn is not table and "replicates" in drawn and \
+        (drawn["replicates"] > 1).any() else f"batch means, {spec.windows} windows"
+    plot_hit_rate_vs_capacity(drawn, hue=hue, x=x, ax=ax, xlabel=xlabel,
+                              title=f"{title}\n{_analysis_note(spec)}, {spec.confidence:.0%} CI: {what}")
+    return series_data(drawn, x, "token_hit_rate", hue), extra
 
 
 def _analysis_note(spec: AnalysisSpec) -> str:
@@ -167,4 +205,5 @@ def _memory(table: pd.DataFrame, path: Path, run_id: str | None, ax, title: str)
     return data
 
 
-__all__ = ["KINDS", "caption", "experiment_figure_folder", "figure_files", "figure_from_experiment", "run_labels"]
+__all__ = ["KINDS", "capacity_axis", "caption", "experiment_figure_folder", "figure_files", "figure_from_experiment",
+           "ideal_baseline", "run_labels"]
