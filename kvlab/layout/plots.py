@@ -1,11 +1,11 @@
 """Figures of the layout study (kvlab.layout.study), drawn from its tidy tables on a given axes, units on every axis.
 
-:func:`kvlab.plots.style.save` writes them as PNG and PDF with their data; colours from its palette.
+:func:`kvlab.plots.style.save` writes them as PNG and PDF with their data; colours from its palette; new
+figures at a print width (:func:`kvlab.plots.style.figure`), legends right of the axes, never over bars.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -29,7 +29,7 @@ def plot_boundary(boundary: pd.DataFrame, ax: Axes | None = None) -> Axes:
     prompt: a staircase whose steps are one block wide (drawn through the measured positions); the token-granular
     cache (B = 1) is the diagonal."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4))
+        _, ax = style.figure("double", height=3.0)
     for i, (bs, part) in enumerate(boundary.groupby("block_size", sort=True)):
         color, ls, marker = SERIES_STYLE[i % len(SERIES_STYLE)]
         part = part.sort_values("position")
@@ -40,7 +40,7 @@ def plot_boundary(boundary: pd.DataFrame, ax: Axes | None = None) -> Axes:
     ax.set_xlim(0, None)
     ax.set_ylim(0, None)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="series", title_fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title("A one-token change at position p loses every later block")
     return ax
 
@@ -57,7 +57,7 @@ def _cache_bars(runs: pd.DataFrame, family: str, ax: Axes | None) -> tuple[Axes,
     layouts = _layout_order(runs, family)
     caches = list(dict.fromkeys(rows["cache"]))
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.45 * len(layouts) * len(caches) + 1.2))
+        _, ax = style.figure("double", height=0.13 * len(layouts) * len(caches) + 1.0)
     h = 0.8 / len(caches)
     y = np.arange(len(layouts))
     bars = [(j, cache, rows[rows["cache"] == cache].set_index("layout").reindex(layouts), y - 0.4 + h * (j + 0.5))
@@ -75,13 +75,13 @@ def plot_hit_rates(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> A
                 edgecolor="white", label=f"hit rate, cache {cache}")
         ax.barh(pos, part["nonprefix_bound_rate"], h, left=part["token_hit_rate"], fill=False,
                 edgecolor=color, lw=0.8, label=f"+ non-prefix bound, cache {cache}")
-    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=8)
+    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("token hit rate (fraction of prompt tokens)")
     ax.set_ylabel("layout")
     ax.set_xlim(0, 1)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(f"{family}: hit rate per layout")
     return ax
 
@@ -95,13 +95,13 @@ def plot_ttft(runs: pd.DataFrame, family: str, ax: Axes | None = None) -> Axes:
                 edgecolor="white", label=f"mean, cache {cache}")
         ax.plot(part["ttft_p90_s"] * 1e3, pos, ls="none", marker=marker, color="k", ms=4,
                 mfc=color, label=f"p90, cache {cache}")
-    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=8)
+    ax.set_yticks(np.arange(len(layouts)), layouts, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time to first token (ms, simulated)")
     ax.set_ylabel("layout")
     ax.set_xlim(0, None)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(f"{family}: TTFT per layout")
     return ax
 
@@ -116,7 +116,7 @@ def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes 
     table = rows.pivot_table(index="layout", columns="kind", values="share", aggfunc="sum", observed=False)
     table = table.reindex(index=layouts, columns=list(SEGMENT_KINDS)).fillna(0.0)
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.4 * len(layouts) + 1.4))
+        _, ax = style.figure("double", height=0.16 * len(layouts) + 1.2)
     left = np.zeros(len(layouts))
     y = np.arange(len(layouts))
     for kind in SEGMENT_KINDS:
@@ -124,13 +124,13 @@ def plot_first_miss(first_miss: pd.DataFrame, family: str, cache: str, ax: Axes 
         if share.any():
             ax.barh(y, share, 0.75, left=left, color=KIND_COLORS[kind], label=kind)
             left += share
-    ax.set_yticks(y, layouts, fontsize=8)
+    ax.set_yticks(y, layouts, fontsize=7)
     ax.invert_yaxis()
     where = "first missed token" if what == "first_miss" else "first new token"
     ax.set_xlabel(f"share of requests (fraction) by the segment of their {where}")
     ax.set_ylabel("layout")
     ax.set_xlim(0, 1)
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(f"{family}: where the prompt breaks" if what == "break" else
                  f"{family}, cache {cache}: where the first miss falls")
     return ax
@@ -140,7 +140,7 @@ def plot_gaps(gaps: pd.DataFrame, cache: str, axes: tuple[Axes, Axes] | None = N
     """Per family, the best and worst layout's token hit rate (left) and mean TTFT (right, ms) at ``cache``."""
     rows = gaps[gaps["cache"] == cache]
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 1.6))
+        _, axes = style.figure("double", 1, 2, height=0.3 * len(rows) + 1.6)
     y = np.arange(len(rows))
     for ax, best, worst, scale, unit in ((axes[0], "best_hit_rate", "worst_hit_rate", 1.0,
                                           "token hit rate (fraction of prompt tokens)"),
@@ -148,14 +148,14 @@ def plot_gaps(gaps: pd.DataFrame, cache: str, axes: tuple[Axes, Axes] | None = N
                                           "mean time to first token (ms, simulated)")):
         b, w = rows[best].to_numpy() * scale, rows[worst].to_numpy() * scale
         ax.hlines(y, np.minimum(b, w), np.maximum(b, w), color="grey", lw=2)
-        ax.plot(b, y, "o", color=SERIES_STYLE[2][0], ms=8, label="best layout")
-        ax.plot(w, y, "X", color=SERIES_STYLE[3][0], ms=8, label="worst layout")
+        ax.plot(b, y, "o", color=SERIES_STYLE[2][0], ms=6, label="best layout")
+        ax.plot(w, y, "X", color=SERIES_STYLE[3][0], ms=6, label="worst layout")
         ax.set_yticks(y, rows["family"])
         ax.invert_yaxis()
         ax.set_xlabel(unit)
         ax.set_xlim(0, None)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     axes[0].set_ylabel("workload family")
     axes[0].set_title(f"best vs worst layout, cache {cache}")
+    axes[0].figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=7)
     return axes
