@@ -119,9 +119,9 @@ def plot_hit_rate_vs_capacity(
         if len(bad):
             ax.scatter(bad[x], bad[est], s=110, facecolors="none", edgecolors=style.ALERT, linewidths=1.5,
                        zorder=3, label=rejected_label)
-            for xv, y, k in zip(bad[x], bad[est], bad["rejected_requests"], strict=True):
-                ax.annotate(f"{int(k):,} rejected", (xv, y), textcoords="offset points", xytext=(4, -12),
-                            fontsize=7, color=style.ALERT)
+            for xv, group in bad.groupby(x, sort=True):  # one label per capacity (the most rejected there)
+                ax.annotate(f"{int(group['rejected_requests'].max()):,} rejected", (xv, group[est].min()),
+                            textcoords="offset points", xytext=(4, -12), fontsize=7, color=style.ALERT)
     if ideal and "ideal_hit_rate" in table:
         ax.axhline(table["ideal_hit_rate"].max(), label="infinite cache", **style.baseline_style("infinite cache"))
     ax.set_xscale("log")

@@ -23,6 +23,7 @@ from kvlab.analysis.runs import (
     spec_of,
     table_and_folder,
 )
+from kvlab.errors import KvlabError
 from kvlab.plots import style
 from kvlab.plots.capacity import plot_hit_rate_vs_capacity, series_data
 from kvlab.plots.serving import plot_memory_timeline, plot_ttft_cdf, plot_ttft_vs_load
@@ -145,7 +146,10 @@ def capacity_axis(table: pd.DataFrame) -> tuple[pd.DataFrame, str, str, dict]:
     if "cache.capacity_gib" in table and table["cache.capacity_gib"].notna().all():
         x = "cache.capacity_gib"
     elif len(models) == 1 and blocks in table and "cache.block_size" in table:
-        per_block = kv_bytes_per_block(str(models[0]), int(table["cache.block_size"].iloc[0]))
+        try:
+            per_block = kv_bytes_per_block(str(models[0]), int(table["cache.block_size"].iloc[0]))
+        except (KvlabError, OSError, ValueError):  # not a model profile (e.g. the engine's shape): blocks
+            return table, blocks, "capacity (blocks, log scale)", {}
         table = table.assign(capacity_gib=table[blocks] * per_block / 2**30)
         x = "capacity_gib"
     else:
