@@ -101,8 +101,11 @@ def test_ttft_cdf_and_ttft_vs_load():
     ax, data = plot_ttft_vs_load(table)
     assert len(ax.lines) == 4 and len(ax.collections) == 2  # 2 policies × (p50, p90); bands only for p50
     assert "(requests/s)" in ax.get_xlabel() and "(s)" in ax.get_ylabel()
-    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["arc, p50", "arc, p90", "lru, p50",
-                                                                         "lru, p90"]
+    assert sorted(t.get_text() for t in ax.figure.legends[0].get_texts()) == ["arc, p50", "arc, p90",
+                                                                              "lru, p50", "lru, p90"]
+    from kvlab.plots import style  # a policy keeps its look (colour and marker) from kvlab.plots.style
+
+    assert ax.lines[0].get_color() == style.policy_style(ax.lines[0].get_label().split(",")[0])["color"]
     assert set(data["metric"]) == {"ttft_p50_s", "ttft_p90_s"}
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
 from kvlab.analysis.breakdowns import admitted_values
 from kvlab.plots import style
-from kvlab.plots.capacity import draw_series
+from kvlab.plots.capacity import draw_series, legend_below
 
 #: TTFT axis units: name -> factor from seconds
 TIME_UNITS = {"s": 1.0, "ms": 1e3}
@@ -37,19 +36,19 @@ def plot_ttft_cdf(requests_by_label: Mapping[str, pd.DataFrame], *, unit: str = 
     if unit not in TIME_UNITS:
         raise ValueError(f"unit must be one of {', '.join(TIME_UNITS)}, got {unit!r}")
     if ax is None:
-        _, ax = plt.subplots(figsize=style.SINGLE)
+        _, ax = style.figure("column")
     frames = []
     for i, (label, requests) in enumerate(requests_by_label.items()):
         values = ttft_values(requests) * TIME_UNITS[unit]
         fraction = np.arange(1, len(values) + 1) / max(len(values), 1)
-        st = style.series_style(i)
-        ax.step(values, fraction, where="post", color=st["color"], linestyle=st["linestyle"], label=str(label))
+        st = style.policy_style(str(label)) if str(label).lower() in style.POLICY_STYLES else style.series_style(i)
+        ax.step(values, fraction, where="post", label=str(label), markevery=0.1, **st)  # marker: greyscale
         frames.append(pd.DataFrame({"label": str(label), f"ttft_{unit}": values, "fraction": fraction}))
     ax.set_xscale("log")
     ax.set_xlabel(f"TTFT ({unit}, log scale)")
     ax.set_ylabel("admitted requests with TTFT ≤ x (fraction)")
     ax.set_ylim(0, 1.02)
-    style.legend(ax)
+    legend_below(ax)
     if title:
         ax.set_title(title)
     return ax, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -62,7 +61,7 @@ def plot_ttft_vs_load(table: pd.DataFrame, *, stats: Sequence[str] = ("p50", "p9
     confidence bands where the table has intervals (``ttft_<stat>_s_ci_low``...). Returns the axes and the
     data drawn."""
     if ax is None:
-        _, ax = plt.subplots(figsize=style.SINGLE)
+        _, ax = style.figure("column")
     frames = []
     for j, stat in enumerate(stats):
         metric = f"ttft_{stat}_s"
@@ -76,7 +75,7 @@ def plot_ttft_vs_load(table: pd.DataFrame, *, stats: Sequence[str] = ("p50", "p9
     ax.set_xlabel("load: mean arrival rate (requests/s)")
     ax.set_ylabel("TTFT (s)")
     ax.set_ylim(bottom=0)
-    style.legend(ax)
+    legend_below(ax)
     if title:
         ax.set_title(title)
     return ax, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -90,7 +89,7 @@ def plot_memory_timeline(timeseries: pd.DataFrame, *, kv_bytes_per_block: float 
     given, else in blocks. ``capacity_blocks``: the pool's size as a baseline. ``instance``: which one (default
     the first; instances' steps are not aligned in time). Returns the axes and the data drawn."""
     if ax is None:
-        _, ax = plt.subplots(figsize=style.SINGLE)
+        _, ax = style.figure("column")
     ts = timeseries
     if "instance" in ts:
         which = int(ts["instance"].min()) if instance is None else instance
@@ -110,7 +109,7 @@ def plot_memory_timeline(timeseries: pd.DataFrame, *, kv_bytes_per_block: float 
     ax.set_ylabel(f"KV memory ({unit})")
     ax.set_ylim(bottom=0)
     ax.set_xlim(t[0] if len(t) else 0, t[-1] if len(t) else 1)
-    style.legend(ax, outside=True)  # the areas fill the axes
+    legend_below(ax)  # the areas fill the axes
     if title:
         ax.set_title(title)
     data = pd.DataFrame({"time_s": t, f"running_{unit.lower()}": running, f"evictable_{unit.lower()}": evictable})
