@@ -35,7 +35,8 @@ def test_rejections_in_the_printout_and_the_figure(tmp_path, capsys):
     assert (table[table["capacity_blocks"] == 4 * largest]["rejected_requests"] == 0).all()
 
     ax = plot_hit_rate_vs_capacity(table)
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = ax.get_legend() or ax.figure.legends[0]  # the paper preset puts a column figure's legend below it
+    labels = [t.get_text() for t in legend.get_texts()]
     assert "rejected requests (prompt > cache)" in labels
     notes = [t.get_text() for t in ax.texts]
     assert notes == [f"{int(small['rejected_requests']):,} rejected"]
