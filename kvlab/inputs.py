@@ -25,6 +25,16 @@ from kvlab.errors import ConfigError
 MAX_TEXT_BYTES = 64 << 20
 
 
+def not_regular(mode: int) -> str | None:
+    """What a file of ``mode`` (``st_mode``) is when it is not a regular file (a FIFO would block its reader, a
+    device never ends), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+
+
 def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     """``path`` if it is a regular file (symbolic links followed); ConfigError naming it otherwise."""
     path = Path(path)
@@ -36,9 +46,8 @@ def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if stat.S_ISDIR(mode):
         raise ConfigError(f"{path}: is a folder, not a {what}")
-    if not stat.S_ISREG(mode):
-        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    kind = not_regular(mode)
+    if kind is not None:
         raise ConfigError(f"{path}: is {kind}, not a regular {what} (kvlab reads {what}s from regular files only)")
     return path
 
@@ -108,6 +117,21 @@ def load_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     return parse_yaml(read_text(path, what), str(path))
 
 
+def load_json_object(path: str | os.PathLike, what: str) -> dict:
+    """The JSON object in regular file ``path`` (a ``what``, named in errors), with no NaN or infinite number
+    (json reads ``NaN`` / ``Infinity``); ConfigError naming the file otherwise."""
+    import json
+
+    text = read_text(path, what)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(path)!r}: must be a JSON object, got {type(data).__name__}")
+    return check_finite(data, f"{what} {str(path)!r}")
+
+
 def check_finite(data: Any, source: str, where: str = "") -> Any:
     """``data`` unchanged; ConfigError naming ``source`` and the field path of the first NaN or infinite float
     in it (nested mappings and lists)."""
@@ -123,4 +147,5 @@ def check_finite(data: Any, source: str, where: str = "") -> Any:
     return data
 
 
-__all__ = ["MAX_TEXT_BYTES", "check_finite", "load_yaml", "parse_yaml", "read_text", "regular_file"]
+__all__ = ["MAX_TEXT_BYTES", "check_finite", "load_json_object", "load_yaml", "not_regular", "parse_yaml", "read_text",
+           "regular_file"]

@@ -23,7 +23,6 @@ import io
 import json
 import os
 import platform
-import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import pandas as pd
 
 from kvlab.arguments import kind_of
 from kvlab.errors import ConfigError, ResultsError, ResultsLocationError
+from kvlab.inputs import not_regular
 from kvlab.names import canonical_columns, canonical_keys
 from kvlab.results.columns import check_columns
 from kvlab.results.faults import checkpoint
@@ -312,16 +312,6 @@ def write_results(out: str | Path, tables: dict[str, pd.DataFrame], summary: dic
 
 
 # ----------------------------------------------------------------------------- reading a run back
-def _not_regular(mode: int) -> str | None:
-    """Why a file of ``mode`` (``st_mode``) is not read as a result file (a FIFO would block the reader, a
-    device never ends), or None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "not a regular file")
-
-
 def regular_result_file(file: Path) -> Path:
     """``file`` if it is a regular file (``stat``, symbolic links followed, never opened); ResultsError naming it
     otherwise: ``missing``, or ``is a FIFO (named pipe), not a regular file`` (the run counts as damaged). Every
@@ -332,7 +322,7 @@ def regular_result_file(file: Path) -> Path:
         raise ResultsError(f"{file}: missing") from None
     except OSError as exc:
         raise ResultsError(f"{file}: cannot be read ({exc.strerror or exc})") from None
-    kind = _not_regular(mode)
+    kind = not_regular(mode)
     if kind is not None:
         raise ResultsError(f"{file}: is {kind}, not a regular file (damaged; kvlab never wrote it)")
     return file
@@ -432,10 +422,10 @@ def _read_at(dfd: int, name: str, where: Path) -> bytes:
     a FIFO or device is refused by ``stat`` before opening, and opened non-blocking then checked again, so a
     file swapped in between cannot block the reader either)."""
     try:
-        kind = _not_regular(os.stat(name, dir_fd=dfd).st_mode)
+        kind = not_regular(os.stat(name, dir_fd=dfd).st_mode)
         if kind is None:
             fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dfd)
-            kind = _not_regular(os.fstat(fd).st_mode)
+            kind = not_regular(os.fstat(fd).st_mode)
             if kind is not None:
                 os.close(fd)
     except FileNotFoundError:

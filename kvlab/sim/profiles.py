@@ -51,18 +51,11 @@ def _norm_name(name: str) -> str:
 
 
 def _read_json(path: Path, what: str) -> dict:
-    """The JSON object of profile file ``path``: a regular file (kvlab.inputs.regular_file), no NaN or infinite
-    number in it (json reads ``NaN``; kvlab.inputs.check_finite). ConfigError naming the file otherwise."""
-    from kvlab.inputs import check_finite, read_text
+    """The JSON object of profile file ``path`` (kvlab.inputs.load_json_object: a regular file, no NaN or
+    infinite number)."""
+    from kvlab.inputs import load_json_object
 
-    text = read_text(path, what)
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path}: must be a JSON object, got {type(data).__name__}")
-    return check_finite(data, f"{what} {path}")
+    return load_json_object(path, what)
 
 
 def _no_bool_numbers(data: dict, fields: tuple, what: str) -> None:

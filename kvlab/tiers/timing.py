@@ -82,17 +82,11 @@ def preset_file(path: str | Path) -> Preset:
     """A preset from a JSON file of its fields (``kind``, ``bandwidth``, ``latency_s``, optional ``queue_depth``,
     ``write_bandwidth``, ``write_latency_s``, ``calibrated``, ``description``, ``source``; ``name`` defaults to the
     file's stem): e.g. a disk measured by kvlab.engine.tiers.measure.medium_preset. ConfigError if malformed."""
-    from kvlab.inputs import check_finite, read_text
+    from kvlab.inputs import load_json_object
 
     path = Path(path)
-    text = read_text(path, "timing preset")  # a regular file (a FIFO would block), UTF-8
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"cannot read timing preset {str(path)!r}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"timing preset {str(path)!r}: must be a JSON object of the preset's fields")
-    check_finite(data, f"timing preset {str(path)!r}")  # json reads NaN / Infinity: a NaN latency is faster than free
+    # a regular file (a FIFO would block); json reads NaN / Infinity: a NaN latency is faster than free
+    data = load_json_object(path, "timing preset")
     for key, value in data.items():
         kind = _FIELD_TYPES.get(key)
         if value is None and key in ("write_bandwidth", "write_latency_s"):
