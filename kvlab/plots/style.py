@@ -342,7 +342,8 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
     Every file is an owned output (docs/plots.md, "Owned outputs"): written atomically and recorded in
     ``folder``'s listing (:func:`kvlab.results.owned.write_owned`). Before anything is written, ``folder`` and
     the four names are checked (:func:`prepare_figure_folder`): a file kvlab did not write, or one it wrote and
-    somebody changed since, is refused with one line (ResultsLocationError) and nothing is replaced."""
+    somebody changed since, is refused with one line (ResultsLocationError) and nothing is replaced; the writes
+    then skip the folder check (``prepared``) and check only their own file."""
     from kvlab.results.owned import write_owned
 
     global last_problems
@@ -353,17 +354,17 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
     for fmt in ("png", "pdf"):
         metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Producer": None, "CreationDate": None}
         write_owned(folder / f"{name}.{fmt}", lambda p, fmt=fmt, md=metadata: fig.savefig(
-            p, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=SAVE_PAD, metadata=md))
+            p, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=SAVE_PAD, metadata=md), prepared=True)
         paths.append(given / f"{name}.{fmt}")
     if data is not None:
         frame = data.reset_index(drop=True)
         frame.attrs = {}
-        write_owned(folder / f"{name}.parquet", lambda p: frame.to_parquet(p, index=False))
+        write_owned(folder / f"{name}.parquet", lambda p: frame.to_parquet(p, index=False), prepared=True)
         paths.append(given / f"{name}.parquet")
     if caption is not None:
         record = {**dict(caption), "layout_problems": list(last_problems)}
         text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-        write_owned(folder / f"{name}.json", lambda p: Path(p).write_text(text))
+        write_owned(folder / f"{name}.json", lambda p: Path(p).write_text(text), prepared=True)
         paths.append(given / f"{name}.json")
     return paths
 

@@ -139,12 +139,15 @@ def prepare_folder(folder: str | os.PathLike, *, flag: str | None = None, depth:
     return folder
 
 
-def write_owned(path: str | os.PathLike, write: Callable[[Path], object], *, flag: str | None = None) -> Path:
+def write_owned(path: str | os.PathLike, write: Callable[[Path], object], *, flag: str | None = None,
+                prepared: bool = False) -> Path:
     """Write ``path`` atomically (``write(tmp)`` fills a temporary beside it) and record it in its folder's
-    listing. The folder is prepared first (:func:`prepare_folder`); an existing ``path`` that kvlab did not
-    write (or that changed since) is refused, untouched."""
+    listing. The folder is prepared first (:func:`prepare_folder`, which hashes every listed file), unless the
+    caller has just prepared it (``prepared``: e.g. one figure's four files after one check); either way an
+    existing ``path`` that kvlab did not write (or that changed since) is refused under the folder's lock,
+    untouched."""
     path = Path(os.path.abspath(os.fspath(path)))
-    folder = prepare_folder(path.parent, flag=flag, names=[path.name])
+    folder = path.parent if prepared else prepare_folder(path.parent, flag=flag, names=[path.name])
     with locked(folder / LOCK):
         listing = read_listing(folder) or {}
         if (path.exists() or path.is_symlink()) and not is_owned_file(path, listing):
