@@ -18,10 +18,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from test_experiment import write_trace
 
 import kvlab.results
 from kvlab.cli import main
@@ -36,24 +36,6 @@ NAME = "kexp"
 RUNS = 6
 
 
-def write_trace(path: Path, n: int = 120, seed: int = 0) -> Path:
-    """A Mooncake-format trace (hash ids of 512-token blocks): conversations that extend their prefix."""
-    rng = np.random.default_rng(seed)
-    sessions: list[list[int]] = []
-    next_id, lines = 1, []
-    for i in range(n):
-        if not sessions or rng.random() < 0.25:
-            sessions.append([0])
-        s = sessions[int(rng.integers(len(sessions)))]
-        grow = int(rng.integers(1, 4))
-        s.extend(range(next_id, next_id + grow))
-        next_id += grow
-        lines.append(json.dumps({"timestamp": i * 100, "input_length": 512 * len(s) - 7,
-                                 "output_length": int(rng.integers(1, 200)), "hash_ids": list(s)}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def write_experiment(path: Path, trace: Path, policies: tuple[str, ...] = ("lru", "fifo"),
                      capacities: tuple[int, ...] = (4, 16, 64)) -> Path:
     path.write_text(yaml.safe_dump({
@@ -66,7 +48,7 @@ def write_experiment(path: Path, trace: Path, policies: tuple[str, ...] = ("lru"
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results root holding experiment ``kexp`` (6 runs), its YAML and its trace beside it."""
     root = tmp_path_factory.mktemp("made")
-    file = write_experiment(root / "kexp.yaml", write_trace(root / "trace.jsonl"))
+    file = write_experiment(root / "kexp.yaml", write_trace(root / "trace.jsonl", n=120))
     run_experiment(file, root / "results", progress=False)
     return root
 
@@ -150,7 +132,7 @@ def test_cli_run_resume_rebuilds_a_truncated_sweep_table(res: Path, made: Path,
 
 
 def test_trace_edited_in_place_between_two_runs_is_warned(tmp_path: Path) -> None:
-    trace = write_trace(tmp_path / "t.jsonl")
+    trace = write_trace(tmp_path / "t.jsonl", n=120)
     file = write_experiment(tmp_path / "e.yaml", trace, policies=("lru",), capacities=(16, 64))
     first = run_experiment(file, tmp_path / "res", progress=False)
     trace.write_text("".join(trace.read_text().splitlines(keepends=True)[:60]))  # same name, new content
@@ -170,7 +152,7 @@ def test_trace_edited_in_place_between_two_runs_is_warned(tmp_path: Path) -> Non
 def test_trace_edited_in_place_is_read_again_in_the_same_process(tmp_path: Path) -> None:
     """kvlab.experiment.drivers caches traces per process: the cache key holds the file's size, mtime and inode,
     so a second run_experiment in one process (a notebook) after an in-place edit computes new runs."""
-    trace = write_trace(tmp_path / "t.jsonl")
+    trace = write_trace(tmp_path / "t.jsonl", n=120)
     file = write_experiment(tmp_path / "e.yaml", trace, policies=("lru",), capacities=(16, 64))
     first = run_experiment(file, tmp_path / "res", progress=False)
     trace.write_text("".join(trace.read_text().splitlines(keepends=True)[:60]))
@@ -180,7 +162,7 @@ def test_trace_edited_in_place_is_read_again_in_the_same_process(tmp_path: Path)
 
 
 def test_two_definitions_under_one_name_are_warned(tmp_path: Path) -> None:
-    trace = write_trace(tmp_path / "t.jsonl")
+    trace = write_trace(tmp_path / "t.jsonl", n=120)
     a = write_experiment(tmp_path / "a.yaml", trace, policies=("lru",), capacities=(16,))
     b = write_experiment(tmp_path / "b.yaml", trace, policies=("fifo",), capacities=(16,))
     run_experiment(a, tmp_path / "res", progress=False)
