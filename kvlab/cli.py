@@ -88,18 +88,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_download(args: argparse.Namespace) -> int:
-    from kvlab.workload.registry import KNOWN_TRACES, download
-
-    if args.list or not args.name:
-        for name, info in KNOWN_TRACES.items():
-            print(f"{name:<24} {info.get('description', '')}")
-        return 0
-    path = download(args.name, cache_dir=args.cache_dir, force=args.force)
-    print(path)
-    return 0
-
-
 def cmd_policies(args: argparse.Namespace) -> int:
     from kvlab.policies import available_policies, make_policy
 
@@ -386,13 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
-    dl = sub.add_parser("download", parents=[common], help="fetch a public trace into the cache folder")
-    dl.add_argument("name", nargs="?")
-    dl.add_argument("--list", action="store_true")
-    dl.add_argument("--cache-dir", type=Path, default=None)
-    dl.add_argument("--force", action="store_true",
-                    help="download again into the cache even if a local copy exists (e.g. after a checksum error)")
-    dl.set_defaults(func=cmd_download)
+    from kvlab.cli_download import add_parser as add_download
+
+    add_download(sub, common)
 
     pol = sub.add_parser("policies", parents=[common], help="list registered eviction policies")
     pol.set_defaults(func=cmd_policies)

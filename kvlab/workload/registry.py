@@ -502,3 +502,8 @@ def resolve_trace(name_or_path: str | os.PathLike, *, format: str | None = None)
             f"(known: {', '.join(sorted(TRACES))})"
         )
     return path, format or detect_format(path)
+
+
+def registry_table() -> str:
+    """One line per registered trace: name and description (``kvlab download --list``)."""
+    return "\n".join(f"{name:<24} {info.get('description', '')}" for name, info in TRACES.items())
