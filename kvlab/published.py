@@ -26,7 +26,7 @@ from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.sim.profiles import load_model
 from kvlab.stats import trace_stats
 from kvlab.workload.load import load_trace
-from kvlab.workload.registry import TRACES, find_local
+from kvlab.workload.registry import TRACES, download_command, find_local
 from kvlab.workload.workload import Workload, from_lists
 
 FAST25 = ("Qin et al., \"Mooncake: Trading More Storage for Less Computation\", USENIX FAST'25, Appendix A, "
@@ -156,13 +156,6 @@ TRACE_MEASURES = ("requests", "mean_input_tokens", "mean_output_tokens", "cache_
 
 
 # ---------------------------------------------------------------------- kvlab's counterparts
-def download_command(name: str) -> str:
-    """The command that fetches registry trace ``name`` (``kvlab download NAME``)."""
-    if name not in TRACES:
-        raise ConfigError(f"{name!r} is not a known trace (known: {', '.join(sorted(TRACES))})")
-    return f"kvlab download {name}"
-
-
 def recompute_waste(prompt_tokens: int, steps: int) -> tuple[int, int]:
     """Seed 003's formula: K/V projections per layer for ``steps`` decode steps after a ``prompt_tokens`` prompt,
     ``(without cache, with cache)`` = ``(T·P + T(T−1)/2, P + T − 1)``."""

@@ -1,187 +1,154 @@
-"""Known public traces, a verifying downloader, and name/path resolution.
+"""The trace and text-corpus registry (``traces/registry.json``), local search and verifying downloads.
 
-``TRACES`` maps a short name to a dict with ``url``, ``filename``, ``format`` (a :func:`load_trace`
-format name), ``size`` (bytes, or None if unknown), ``sha256`` (full hex, or None), ``sha256_prefix``
-(hex prefix known from upstream, or None), ``requests`` (count, or None), ``group`` (sub-folder in a
-trace directory) and ``description``.
+``traces/registry.json`` (beside the ``kvlab`` package, in the repository's ``traces/`` folder; found in an
+editable install, ``pip install -e .``) maps a short name to an entry with ``kind`` (``trace`` or ``text``),
+``url``, ``filename``, ``format`` (a :func:`load_trace` format for a trace; ``json`` or ``jsonl`` for a text
+corpus), ``size`` (bytes, or None if unknown), ``sha256`` (full hex, or None), ``sha256_prefix`` (hex prefix
+known from upstream, or None), ``requests`` (requests of a trace, records of a corpus; or None), ``group``
+(sub-folder in a trace directory), ``description``, ``licence``, ``used_for``, ``committed`` (the file is in
+the repository under ``traces/<group>/``), ``checksum_source`` and, for a folder of several files,
+``files`` (``{member: {size, sha256}}``, each fetched from ``<url>/<member>``). :data:`TRACES` holds the
+traces, :data:`CORPORA` the text corpora; both are plain dicts read from the file once, at import.
 
-:func:`download` looks for the file locally first and only then fetches it:
+Search order (:func:`search_dirs`, :func:`find_local`) for any entry: ``<repo>/traces``, each directory of
+``$KVLAB_TRACE_DIRS`` (``os.pathsep``-separated), the download cache (``$KVLAB_CACHE``, else
+``~/.cache/kvlab/traces``), then ``<repo>/../shared/traces``; in each, ``<dir>/<group>/<filename>`` and then
+``<dir>/<filename>``. :func:`download` returns the first copy found and only otherwise fetches the URL into
+``<repo>/traces/<group>/<filename>`` (or ``<cache_dir>/<filename>`` when ``cache_dir`` is given), streamed
+through ``<file>.part``, verified against the known size and sha256 (or prefix), then renamed atomically
+(:mod:`kvlab.workload.download`).
 
-1. every directory in ``$KVLAB_TRACE_DIRS`` (``os.pathsep``-separated), then the repository's sibling
-   ``../shared/traces``, each searched as ``<dir>/<filename>`` and ``<dir>/<group>/<filename>``;
-2. the cache directory (``cache_dir``, else ``$KVLAB_CACHE``, else ``~/.cache/kvlab/traces``);
-3. the URL, streamed into ``<cache>/<filename>.part`` with a progress bar, verified against the known
-   size and sha256 (or sha256 prefix), then atomically renamed to ``<cache>/<filename>``.
-
-The first local copy found is verified against the known size and full sha256 before it is used; a
-mismatch raises :class:`~kvlab.errors.ChecksumError` naming the file and both checksums (never a silent
-use or skip). Hashes are remembered in ``<cache>/.kvlab-verified.json``, keyed by absolute path, size,
-mtime and inode, so a second load hashes nothing; the file is written atomically, and a missing,
-corrupt or unwritable one only costs a re-hash. Network or HTTP failures and checksum mismatches of a
-download raise :class:`~kvlab.errors.DownloadError` naming the URL and where to put the file by hand.
+The first local copy found is verified against the known size and full sha256 before it is used; a mismatch
+raises :class:`~kvlab.errors.ChecksumError` naming the file and both checksums (never a silent use or skip).
+Hashes are remembered in the download cache's ``.kvlab-verified.json`` (:func:`file_sha256`), so a second
+load hashes nothing. Network or HTTP failures and checksum mismatches of a download raise
+:class:`~kvlab.errors.DownloadError` naming the URL and where to put the file by hand.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import hashlib
-import http.client
-import json
 import os
-import sys
-import urllib.error
-import urllib.request
+import re
 from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError, TraceFormatError
 from kvlab.schema import TRACE_FORMATS
-from kvlab.workload._common import (
-    atomic_open,
-    check_regular_file,
-    field_label,
-    parse_json_text,
-    sha256_file,
-    trace_file_error,
+from kvlab.workload._common import check_regular_file, field_label, parse_json_text, trace_file_error
+from kvlab.workload.download import (
+    VERIFY_CACHE,
+    check_cache_dir,
+    check_folder,
+    fetch,
+    file_sha256,
+    remember_sha256,
+    trace_cache_dir,
 )
+from kvlab.workload.download import fetch_verified as _fetch
 
-_MOONCAKE = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release"
-_ALIBABA = "https://media.githubusercontent.com/media/alibaba-edu/qwen-bailian-usagetraces-anon/main"
+__all__ = [
+    "CORPORA", "FORMATS", "KNOWN_TRACES", "REGISTRY_FILE", "REPO_ROOT", "TRACES", "VERIFY_CACHE", "check_cache_dir",
+    "detect_format", "download", "download_command", "fetch", "file_sha256", "find_local", "readme_table",
+    "registry_table", "remember_sha256", "repo_traces_dir", "resolve_trace", "search_dirs", "shared_traces_dir",
+    "trace_cache_dir", "verify_local",
+]
 
-# Checksums. mooncake_conversation/_synthetic: computed from the copies in ../shared/traces, which match
-# the upstream git blobs (kvcache-ai/Mooncake 3cca71da). alibaba_coder/_thinking: size and the sha256
-# prefix from the upstream Git LFS pointers (an LFS oid is the content's full sha256); the full sha256
-# and the traceA/traceB sizes and sha256s agree across several independent third-party download
-# scripts and manifests pinned to upstream commit 5f7439c5. mooncake_toolagent/_arxiv: full sha256s
-# quoted identically by several independent third-party verification scripts; their byte sizes were
-# found nowhere, so only the sha256 is checked for them.
-TRACES: dict[str, dict[str, Any]] = {
-    "mooncake_conversation": {
-        "url": f"{_MOONCAKE}/traces/conversation_trace.jsonl",
-        "filename": "conversation_trace.jsonl",
-        "format": "mooncake",
-        "size": 3_029_533,
-        "sha256": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
-        "sha256_prefix": "b8cbb061a85206d7",
-        "requests": 12_031,
-        "group": "mooncake",
-        "description": "Mooncake/Kimi FAST'25 conversation trace: 1 h, 512-token chained block ids",
-    },
-    "mooncake_synthetic": {
-        "url": f"{_MOONCAKE}/traces/synthetic_trace.jsonl",
-        "filename": "synthetic_trace.jsonl",
-        "format": "mooncake",
-        "size": 1_136_313,
-        "sha256": "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131",
-        "sha256_prefix": "bd070915a98fc0ed",
-        "requests": 3_993,
-        "group": "mooncake",
-        "description": "Mooncake FAST'25 synthetic trace (Poisson arrivals), 512-token chained block ids",
-    },
-    "mooncake_toolagent": {
-        "url": f"{_MOONCAKE}/traces/toolagent_trace.jsonl",
-        "filename": "toolagent_trace.jsonl",
-        "format": "mooncake",
-        "size": None,  # not published anywhere we could read (the blob is >= 4 MiB, absent from snapshots)
-        "sha256": "48a2db1a13d3bc05e6330140c64f604ba366df20d3c9e128b5c35a01c1fa5f71",
-        "sha256_prefix": None,
-        "requests": 23_608,
-        "group": "mooncake",
-        "description": "Mooncake FAST'25 tool&agent trace (>= 4 MiB), 512-token chained block ids",
-    },
-    "mooncake_arxiv": {
-        "url": f"{_MOONCAKE}/arxiv-trace/mooncake_trace.jsonl",
-        "filename": "mooncake_trace.jsonl",
-        "format": "mooncake",
-        "size": None,  # as for toolagent: not published where we could read it
-        "sha256": "b434f1816a707f4bac697235588184ebc374c9907cb981bb65fb0643471fe711",
-        "sha256_prefix": None,
-        "requests": 23_608,
-        "group": "mooncake",
-        "description": "Historical Mooncake trace of arXiv 2407.00079 v3 (Table 1 LRU/LFU hit rates)",
-    },
-    "alibaba_traceA": {
-        "url": f"{_ALIBABA}/qwen_traceA_blksz_16.jsonl",
-        "filename": "qwen_traceA_blksz_16.jsonl",
-        "format": "alibaba",
-        "size": 56_354_493,
-        "sha256": "07cedc9ed8aff301994ac68ed4aede8123b7603673575eeba9dd677de663db17",
-        "sha256_prefix": None,
-        "requests": 43_058,
-        "group": "alibaba",
-        "description": "Qwen-Bailian trace A (to-C chat: text/search/image/file), 2 h, ~56 MB, 16-token ids",
-    },
-    "alibaba_traceB": {
-        "url": f"{_ALIBABA}/qwen_traceB_blksz_16.jsonl",
-        "filename": "qwen_traceB_blksz_16.jsonl",
-        "format": "alibaba",
-        "size": 96_209_982,
-        "sha256": "68e3f98e2d601d60d0abf4b89bc8a3654372abab7b1cde6373a13d0054379d59",
-        "sha256_prefix": None,
-        "requests": 172_800,
-        "group": "alibaba",
-        "description": "Qwen-Bailian trace B (to-B API task automation), 2 h, ~96 MB, 16-token ids",
-    },
-    "alibaba_coder": {
-        "url": f"{_ALIBABA}/qwen_coder_blksz_16.jsonl",
-        "filename": "qwen_coder_blksz_16.jsonl",
-        "format": "alibaba",
-        "size": 132_054_902,
-        "sha256": "3d74974cebb7bccb69b1ca6ea210a44d9a3033443c0271ed015327284dea1aff",
-        "sha256_prefix": "3d74974c",
-        "requests": 43_011,
-        "group": "alibaba",
-        "description": "Qwen-Bailian coder trace (code generation), 2 h, 16-token ids",
-    },
-    "alibaba_thinking": {
-        "url": f"{_ALIBABA}/qwen_thinking_blksz_16.jsonl",
-        "filename": "qwen_thinking_blksz_16.jsonl",
-        "format": "alibaba",
-        "size": 27_901_454,
-        "sha256": "41ac36d9d1b54d084eeb6b05e9d142ba9d02f8bf79cfc9fff418d8ab7cdee906",
-        "sha256_prefix": "41ac36d9",
-        "requests": 10_812,
-        "group": "alibaba",
-        "description": "Qwen-Bailian thinking trace (reasoning chat, long outputs), 2 h, 16-token ids",
-    },
+#: the repository root (``Path(kvlab.__file__).resolve().parents[1]``); tests point it at a temporary folder
+REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+#: the registry file, read once at import
+REGISTRY_FILE: Path = REPO_ROOT / "traces" / "registry.json"
+KINDS = ("trace", "text")
+TEXT_FORMATS = ("json", "jsonl")
+_KEYS: dict[str, tuple[type, ...]] = {
+    "kind": (str,), "url": (str,), "filename": (str,), "format": (str,), "size": (int, type(None)),
+    "sha256": (str, type(None)), "sha256_prefix": (str, type(None)), "requests": (int, type(None)),
+    "group": (str,), "description": (str,), "licence": (str,), "used_for": (str,), "committed": (bool,),
+    "checksum_source": (str,),
 }
+_HEX = re.compile(r"[0-9a-f]+")
+_SAFE_PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 
+
+def _check_entry(source: str, name: str, e: Any) -> dict[str, Any]:
+    """Entry ``name`` of the registry file ``source``, checked; ConfigError naming the entry and field."""
+    where = f"{source}: entries.{name}"
+    if type(e) is not dict:
+        raise ConfigError(f"{where}: expected an object, got {type(e).__name__}")
+    for key, types in _KEYS.items():
+        if key not in e:
+            raise ConfigError(f"{where}: missing {key!r}")
+        if type(e[key]) not in types:
+            raise ConfigError(f"{where}.{key}: expected {' or '.join(t.__name__ for t in types)}, got {e[key]!r}")
+    extra = set(e) - set(_KEYS) - {"files"}
+    if extra:
+        raise ConfigError(f"{where}: unknown field {sorted(extra)[0]!r}")
+    if e["kind"] not in KINDS:
+        raise ConfigError(f"{where}.kind: one of {', '.join(KINDS)}, got {e['kind']!r}")
+    formats = TRACE_FORMATS if e["kind"] == "trace" else TEXT_FORMATS
+    if e["format"] not in formats:
+        raise ConfigError(f"{where}.format: one of {', '.join(formats)}, got {e['format']!r}")
+    for key in ("filename", "group"):
+        if not _SAFE_PATH.fullmatch(e[key]) or ".." in e[key].split("/"):
+            raise ConfigError(f"{where}.{key}: a relative path of plain names, got {e[key]!r}")
+    for key in ("sha256", "sha256_prefix"):
+        if e[key] is not None and not _HEX.fullmatch(e[key]):
+            raise ConfigError(f"{where}.{key}: lower-case hex, got {e[key]!r}")
+    files = e.get("files")
+    if files is not None:
+        if type(files) is not dict or not files:
+            raise ConfigError(f"{where}.files: a non-empty object {{member: {{size, sha256}}}}")
+        for member, f in files.items():
+            ok = (_SAFE_PATH.fullmatch(member) and type(f) is dict and set(f) == {"size", "sha256"}
+                  and type(f["size"]) is int and type(f["sha256"]) is str and len(f["sha256"]) == 64
+                  and _HEX.fullmatch(f["sha256"]))
+            if not ok:
+                raise ConfigError(f"{where}.files.{member}: expected {{size: int, sha256: 64 hex digits}}")
+    return e
+
+
+def load_registry(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, dict[str, Any]]:
+    """Every entry of registry file ``path`` (name -> entry, file order), checked (:func:`_check_entry`)."""
+    from kvlab.inputs import load_json_object
+
+    doc = load_json_object(path, "trace registry")
+    entries = doc.get("entries")
+    if type(entries) is not dict:
+        raise ConfigError(f"{path}: expected an 'entries' object (name -> entry)")
+    return {name: _check_entry(str(path), name, e) for name, e in entries.items()}
+
+
+_REGISTRY = load_registry()
+#: the registered traces (kind ``trace``): name -> entry
+TRACES: dict[str, dict[str, Any]] = {n: e for n, e in _REGISTRY.items() if e["kind"] == "trace"}
+#: the registered text corpora (kind ``text``): name -> entry
+CORPORA: dict[str, dict[str, Any]] = {n: e for n, e in _REGISTRY.items() if e["kind"] == "text"}
 KNOWN_TRACES = TRACES  # alias
 FORMATS = TRACE_FORMATS  # (kvlab.schema: one list of formats for the loaders and the CLI)
 
 
-def trace_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """The download cache: ``cache`` if given, else ``$KVLAB_CACHE``, else ``~/.cache/kvlab/traces``."""
-    if cache is not None:
-        return Path(cache)
-    env = os.environ.get("KVLAB_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "kvlab" / "traces"
+def entries() -> dict[str, dict[str, Any]]:
+    """Every registered trace and corpus (:data:`TRACES`, then :data:`CORPORA`)."""
+    return {**TRACES, **CORPORA}
 
 
-def check_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """The download cache (:func:`trace_cache_dir`) if it is a folder or can be created as one; ConfigError, one
-    line naming it and where it came from (``--cache-dir`` / ``cache_dir=``, or ``$KVLAB_CACHE``), when it or a
-    folder on its way is a file. Creates nothing; :func:`download` calls it before any work."""
-    path = trace_cache_dir(cache)
-    source = ("--cache-dir (cache_dir=)" if cache is not None else
-              "$KVLAB_CACHE" if os.environ.get("KVLAB_CACHE") else "the default trace cache")
-    step = path
-    while not step.is_dir():
-        if step.exists() or step.is_symlink():
-            kind = "a file" if step.is_file() else "a broken link" if step.is_symlink() else "not a folder"
-            what = f"is {kind}, not a folder" if step == path else f"cannot be created: {step} is {kind}"
-            raise ConfigError(f"{source} {path}: {what}; give a folder for downloaded traces")
-        if step == step.parent:
-            break
-        step = step.parent
-    return path
+# ------------------------------------------------------------------------------------------ where
+def repo_traces_dir() -> Path:
+    """``<repo>/traces``: searched first, and where :func:`download` puts files (``traces/<group>/``)."""
+    return REPO_ROOT / "traces"
 
 
-def search_dirs() -> list[Path]:
-    """Local trace directories searched before downloading: ``$KVLAB_TRACE_DIRS``, then ../shared/traces."""
-    dirs = [Path(d) for d in os.environ.get("KVLAB_TRACE_DIRS", "").split(os.pathsep) if d]
-    dirs.append(Path(__file__).resolve().parents[2].parent / "shared" / "traces")
+def shared_traces_dir() -> Path:
+    """``<repo>/../shared/traces``: the development tree's shared data, searched last."""
+    return REPO_ROOT.parent / "shared" / "traces"
+
+
+def search_dirs(cache: str | os.PathLike | None = None) -> list[Path]:
+    """The trace directories in search order: ``<repo>/traces``, ``$KVLAB_TRACE_DIRS``, the download cache
+    (``cache``, else ``$KVLAB_CACHE``, else ``~/.cache/kvlab/traces``), ``<repo>/../shared/traces``."""
+    dirs = [repo_traces_dir()]
+    dirs += [Path(d) for d in os.environ.get("KVLAB_TRACE_DIRS", "").split(os.pathsep) if d]
+    dirs += [trace_cache_dir(cache), shared_traces_dir()]
     return dirs
 
 
@@ -193,71 +160,35 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def _entry(name: str) -> dict[str, Any]:
-    try:
-        return TRACES[name]
-    except KeyError:
-        raise DownloadError(
-            f"unknown trace {name!r}{_suggest(name, sorted(TRACES))}; known: {', '.join(sorted(TRACES))}"
-        ) from None
+    """The entry of trace or corpus ``name``; DownloadError naming the closest known name otherwise."""
+    e = TRACES.get(name) if type(name) is str else None
+    if e is None and type(name) is str:
+        e = CORPORA.get(name)
+    if e is None:
+        known = sorted(entries())
+        hint = _suggest(name, known) if type(name) is str else ""
+        raise DownloadError(f"unknown trace {name!r}{hint}; known: {', '.join(known)}")
+    return e
 
 
-VERIFY_CACHE = ".kvlab-verified.json"
-_VERIFY_CACHE_MAX = 256  # entries kept (newest first)
+def download_command(name: str) -> str:
+    """The command that fetches registry trace or corpus ``name``: ``kvlab download NAME``."""
+    if type(name) is not str or (name not in TRACES and name not in CORPORA):
+        known = sorted(entries())
+        hint = _suggest(name, known) if type(name) is str else ""
+        raise ConfigError(f"{name!r} is not a known trace or corpus{hint} (known: {', '.join(known)})")
+    return f"kvlab download {name}"
 
 
-def _verify_cache_path(cache: str | os.PathLike | None) -> Path:
-    return trace_cache_dir(cache) / VERIFY_CACHE
+def _members(entry: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """A folder entry's members (``files``), or None for a single-file entry."""
+    return entry.get("files")
 
 
-def _read_verify_cache(path: Path) -> dict[str, dict]:
-    """The verification cache, or {} if it is missing, unreadable or corrupt (it is only a cache)."""
-    try:
-        obj = parse_json_text(str(path), None, path.read_bytes())
-    except (OSError, TraceFormatError):
-        return {}
-    return {k: v for k, v in obj.items() if type(v) is dict} if type(obj) is dict else {}
-
-
-def _stat_key(path: Path) -> tuple[str, dict[str, int]]:
-    st = path.stat()
-    return str(path.resolve()), {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
-
-
-def remember_sha256(path: Path, digest: str, *, cache: str | os.PathLike | None = None) -> None:
-    """Record ``digest`` as the sha256 of ``path`` as it is now (atomic write; failures are ignored)."""
-    cpath = _verify_cache_path(cache)
-    key, stamp = _stat_key(path)
-    entries = _read_verify_cache(cpath)
-    entries.pop(key, None)
-    entries = {key: {**stamp, "sha256": digest}, **dict(list(entries.items())[: _VERIFY_CACHE_MAX - 1])}
-    with contextlib.suppress(OSError):
-        cpath.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_open(cpath, "w", encoding="utf-8") as f:
-            json.dump(entries, f, indent=0)
-
-
-def file_sha256(path: str | os.PathLike, *, cache: str | os.PathLike | None = None) -> str:
-    """Full sha256 of ``path``, remembered in the cache directory by (absolute path, size, mtime, inode)."""
-    path = Path(path)
-    key, stamp = _stat_key(path)
-    hit = _read_verify_cache(_verify_cache_path(cache)).get(key)
-    digest = hit.get("sha256") if hit is not None and all(hit.get(k) == v for k, v in stamp.items()) else None
-    if type(digest) is str and len(digest) == 64:
-        return digest
-    digest = sha256_file(path)
-    remember_sha256(path, digest, cache=cache)
-    return digest
-
-
-def verify_local(name: str, path: str | os.PathLike, *, cache: str | os.PathLike | None = None) -> Path:
-    """Check a local copy of trace ``name`` against the registry's size and sha256; return its path.
-
-    Raises :class:`ChecksumError` naming the file, the expected and the actual sha256 on a mismatch.
-    The hash is cached (see :func:`file_sha256`), so verifying an unchanged file again costs a stat.
-    """
-    entry = _entry(name)
-    path = Path(path)
-    size, want, prefix = entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix")
+# ------------------------------------------------------------------------------------------ verify, find
+def _verify_file(name: str, path: Path, size: int | None, want: str | None, prefix: str | None,
+                 cache: str | os.PathLike | None) -> Path:
+    """``path`` if its size and sha256 are the known ones; ChecksumError naming it and both checksums."""
     if size is None and want is None and prefix is None:
         return path
     try:
@@ -279,119 +210,53 @@ def verify_local(name: str, path: str | os.PathLike, *, cache: str | os.PathLike
         str(path),
         want,
         got,
-        f"{path}: this local copy of trace {name!r} is not the published file ({problem}; sha256 {got}, "
+        f"{path}: this local copy of {name!r} is not the published file ({problem}; sha256 {got}, "
         f"expected {expected}). It is truncated, corrupt or another version: delete or replace it "
-        f"(download(name, force=True) fetches a fresh copy into the cache).",
+        f"({download_command(name)} --force fetches a fresh copy).",
     )
 
 
-def find_local(name: str, *, cache: str | os.PathLike | None = None) -> Path | None:
-    """The verified local copy of trace ``name`` (search dirs, then the cache), or None if there is none.
+def verify_local(name: str, path: str | os.PathLike, *, cache: str | os.PathLike | None = None) -> Path:
+    """Check a local copy of ``name`` (a file, or for a folder entry the folder holding every member) against
+    the registry's sizes and sha256s; return its path.
 
-    The first copy found is checked by :func:`verify_local`; a wrong one raises :class:`ChecksumError`.
+    Raises :class:`ChecksumError` naming the file, the expected and the actual sha256 on a mismatch (a missing
+    member of a folder is a TraceFileError naming it). The hash is cached (see :func:`file_sha256`), so
+    verifying an unchanged file again costs a stat.
     """
     entry = _entry(name)
+    path = Path(path)
+    members = _members(entry)
+    if members is None:
+        return _verify_file(name, path, entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix"), cache)
+    for member, m in members.items():
+        if not (path / member).is_file():
+            raise TraceFileError(str(path / member), None, None,
+                                 f"missing from this copy of {name!r} ({download_command(name)} fetches it)")
+        _verify_file(name, path / member, m["size"], m["sha256"], None, cache)
+    return path
+
+
+def _candidates(entry: dict[str, Any], cache: str | os.PathLike | None) -> list[Path]:
     fn, group = entry["filename"], entry.get("group") or ""
-    candidates = [p for d in search_dirs() for p in (d / fn, d / group / fn)]
-    candidates.append(trace_cache_dir(cache) / fn)
-    for p in candidates:
-        if p.is_file():
+    return [p for d in search_dirs(cache) for p in ((d / group / fn, d / fn) if group else (d / fn,))]
+
+
+def find_local(name: str, *, cache: str | os.PathLike | None = None) -> Path | None:
+    """The verified local copy of trace or corpus ``name`` in the search order (:func:`search_dirs`), or None.
+
+    The first copy found is checked by :func:`verify_local`; a wrong one raises :class:`ChecksumError`. A
+    folder entry is found where a folder holds every member (a partial download is passed over).
+    """
+    entry = _entry(name)
+    members = _members(entry)
+    for p in _candidates(entry, cache):
+        if p.is_file() if members is None else p.is_dir() and all((p / m).is_file() for m in members):
             return verify_local(name, p, cache=cache)
     return None
 
 
-def _manual_hint(url: str, target: Path) -> str:
-    return (
-        f"Download {url} on a machine with internet access and place it at {target} "
-        f"(or in a directory listed in KVLAB_TRACE_DIRS)."
-    )
-
-
-def fetch(
-    url: str,
-    dest: str | os.PathLike,
-    *,
-    size: int | None = None,
-    sha256: str | None = None,
-    sha256_prefix: str | None = None,
-    progress: bool | None = None,
-    timeout: float = 60.0,
-) -> Path:
-    """Stream ``url`` to ``dest`` via ``dest.part`` and an atomic rename; verify size and checksum.
-
-    ``progress=None`` shows a tqdm bar only when stderr is a terminal. Any failure removes the ``.part``
-    file and raises :class:`DownloadError`; ``dest`` is then untouched.
-    """
-    return _fetch(
-        url, dest, size=size, sha256=sha256, sha256_prefix=sha256_prefix, progress=progress, timeout=timeout
-    )[0]
-
-
-def _fetch(
-    url: str,
-    dest: str | os.PathLike,
-    *,
-    size: int | None,
-    sha256: str | None,
-    sha256_prefix: str | None,
-    progress: bool | None,
-    timeout: float,
-) -> tuple[Path, str]:
-    """:func:`fetch`, also returning the sha256 of what was written (verified before the rename)."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    hint = _manual_hint(url, dest)
-    show = sys.stderr.isatty() if progress is None else progress
-    h = hashlib.sha256()
-    got = 0
-    try:
-        from tqdm.auto import tqdm
-
-        with urllib.request.urlopen(url, timeout=timeout) as resp, open(part, "wb") as out:
-            total = size if size is not None else int(resp.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=not show) as bar:
-                while chunk := resp.read(1 << 20):
-                    out.write(chunk)
-                    h.update(chunk)
-                    got += len(chunk)
-                    bar.update(len(chunk))
-    except urllib.error.HTTPError as e:
-        e.close()  # the error carries the open response
-        _unlink(part)
-        raise DownloadError(f"HTTP {e.code} ({e.reason}) fetching {url}. {hint}") from None
-    except urllib.error.URLError as e:
-        _unlink(part)
-        raise DownloadError(f"cannot fetch {url} (offline or unreachable: {e.reason}). {hint}") from None
-    except TimeoutError:
-        _unlink(part)
-        raise DownloadError(f"timed out after {timeout} s fetching {url}. {hint}") from None
-    except (OSError, http.client.HTTPException) as e:
-        _unlink(part)
-        raise DownloadError(f"transfer of {url} failed ({type(e).__name__}: {e}). {hint}") from None
-    except BaseException:
-        _unlink(part)
-        raise
-    digest = h.hexdigest()
-    problem = None
-    if size is not None and got != size:
-        problem = f"got {got} bytes, expected {size}"
-    elif sha256 is not None and digest != sha256.lower():
-        problem = f"sha256 {digest} != expected {sha256}"
-    elif sha256_prefix is not None and not digest.startswith(sha256_prefix.lower()):
-        problem = f"sha256 {digest} does not start with the expected {sha256_prefix}"
-    if problem:
-        _unlink(part)
-        raise DownloadError(f"checksum mismatch for {url}: {problem}. {hint}")
-    os.replace(part, dest)
-    return dest, digest
-
-
-def _unlink(p: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        p.unlink()
-
-
+# ------------------------------------------------------------------------------------------ download
 def download(
     name: str,
     cache_dir: str | os.PathLike | None = None,
@@ -400,11 +265,12 @@ def download(
     progress: bool | None = None,
     timeout: float = 60.0,
 ) -> Path:
-    """Path of public trace ``name``: a local copy if one exists (module docstring), else downloaded.
+    """Path of trace or corpus ``name``: a local copy if one exists (module docstring), else downloaded into
+    ``<repo>/traces/<group>/`` (``cache_dir``: into ``cache_dir`` instead).
 
-    ``force=True`` skips the local search and re-downloads into the cache. A cache folder that is a file is
-    refused (:func:`check_cache_dir`): a given ``cache_dir`` (``--cache-dir``) first of all, ``$KVLAB_CACHE`` or
-    the default before a download (a local copy found elsewhere does not need it).
+    ``force=True`` skips the local search and downloads again (a verified file replaces the old one
+    atomically). A ``cache_dir`` that is a file is refused before any work (:func:`check_cache_dir`); so is a
+    target folder that cannot be created or written. A folder entry downloads only its missing members.
     """
     entry = _entry(name)
     if cache_dir is not None:
@@ -413,19 +279,87 @@ def download(
         local = find_local(name, cache=cache_dir)
         if local is not None:
             return local
-    dest = check_cache_dir(cache_dir) / entry["filename"]
-    path, digest = _fetch(
-        entry["url"],
-        dest,
-        size=entry.get("size"),
-        sha256=entry.get("sha256"),
-        sha256_prefix=entry.get("sha256_prefix"),
-        progress=progress,
-        timeout=timeout,
-    )
-    remember_sha256(path, digest, cache=cache_dir)  # the next load verifies it without hashing
+    if cache_dir is not None:
+        folder = check_folder(Path(cache_dir), "--cache-dir (cache_dir=)", create=True)
+    else:
+        group = entry.get("group") or ""
+        folder = check_folder(repo_traces_dir() / group, "the repository's traces folder", create=True)
+    dest = folder / entry["filename"]
+    members = _members(entry)
+    if members is None:
+        return _fetch_one(entry["url"], dest, entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix"),
+                          progress, timeout, cache_dir)
+    check_folder(dest, "the download folder", create=True)
+    for member, m in members.items():
+        target = dest / member
+        if not force and target.is_file():
+            _verify_file(name, target, m["size"], m["sha256"], None, cache_dir)
+            continue
+        _fetch_one(f"{entry['url'].rstrip('/')}/{member}", target, m["size"], m["sha256"], None, progress, timeout,
+                   cache_dir)
+    return dest
+
+
+def _fetch_one(url: str, dest: Path, size: int | None, sha256: str | None, prefix: str | None,
+               progress: bool | None, timeout: float, cache: str | os.PathLike | None) -> Path:
+    """Fetch one verified file onto ``dest`` and remember its sha256 (the next load hashes nothing)."""
+    path, digest = _fetch(url, dest, size=size, sha256=sha256, sha256_prefix=prefix, progress=progress,
+                          timeout=timeout)
+    remember_sha256(path, digest, cache=cache)
     return path
 
+
+# ------------------------------------------------------------------------------------------ tables
+def _source(url: str) -> str:
+    """``owner/repo@ref`` of a GitHub raw or media URL (refs of 40 hex digits shortened to 7), else the host."""
+    m = re.match(r"https://(?:raw|media)\.githubusercontent\.com/(?:media/)?([^/]+)/([^/]+)/([^/]+)/", url)
+    if m is None:
+        return url.split("/")[2] if "://" in url else url
+    ref = m.group(3)
+    return f"{m.group(1)}/{m.group(2)}@{ref[:7] if re.fullmatch(r'[0-9a-f]{40}', ref) else ref}"
+
+
+def readme_table() -> str:
+    """The Markdown table of ``traces/README.md``: one row per registered trace and corpus (registry order)."""
+    rows = ["| name | kind | source | licence | requests / records | size (bytes) | sha256 | download | used for |",
+            "|---|---|---|---|---:|---:|---|---|---|"]
+    for name, e in entries().items():
+        members = _members(e)
+        size = "unknown" if e["size"] is None else f"{e['size']:,}"
+        if members is not None:
+            sha = f"{len(members)} files: per file in registry.json"
+            size = f"{size} ({len(members)} files)"
+        else:
+            sha = f"`{e['sha256']}`" if e["sha256"] else f"`{e['sha256_prefix']}…`"
+        n = "unknown" if e["requests"] is None else f"{e['requests']:,}"
+        where = f"traces/{e['group']}/{e['filename']}"
+        get = f"`{download_command(name)}`" + (f" (committed: {where})" if e["committed"] else "")
+        cells = [f"`{name}`", e["kind"], f"[{_source(e['url'])}]({e['url']})", e["licence"], n, size, sha, get,
+                 e["used_for"]]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def registry_table(*, locate: bool = True) -> str:
+    """``kvlab download --list``: one line per trace and corpus: name, kind, size, requests or records, and
+    where it is (``locate``: the verified local path, else the download command)."""
+    lines = [f"{'name':<24} {'kind':<5} {'size':>13} {'n':>8}  {'here' if locate else 'description'}"]
+    for name, e in entries().items():
+        size = "?" if e.get("size") is None else f"{e['size']:,}"
+        n = "?" if e.get("requests") is None else f"{e['requests']:,}"
+        if locate:
+            try:
+                path = find_local(name)
+                where = str(path) if path is not None else f"not here: {download_command(name)}"
+            except (ChecksumError, TraceFileError) as err:
+                where = f"wrong copy ({err.path}): {download_command(name)} --force"
+        else:
+            where = e.get("description", "")
+        lines.append(f"{name:<24} {e.get('kind', 'trace'):<5} {size:>13} {n:>8}  {where}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ traces
 
 def detect_format(path: str | os.PathLike) -> str:
     """Format name of a trace file: by known filename, Parquet magic/extension, or the first line's keys.
@@ -491,6 +425,9 @@ def resolve_trace(name_or_path: str | os.PathLike, *, format: str | None = None)
     path = Path(key)
     if key in TRACES and not path.is_file():
         return download(key), format or TRACES[key]["format"]
+    if key in CORPORA and not path.is_file():
+        raise ConfigError(f"{key!r} is a text corpus, not a trace: `{download_command(key)}` prints its path "
+                          "(kvlab.workload.sources reads it)")
     if path.is_dir():
         raise TraceFileError(key, None, None, "is a directory, not a trace file")
     if not path.is_file():
@@ -502,8 +439,3 @@ def resolve_trace(name_or_path: str | os.PathLike, *, format: str | None = None)
             f"(known: {', '.join(sorted(TRACES))})"
         )
     return path, format or detect_format(path)
-
-
-def registry_table() -> str:
-    """One line per registered trace: name and description (``kvlab download --list``)."""
-    return "\n".join(f"{name:<24} {info.get('description', '')}" for name, info in TRACES.items())
