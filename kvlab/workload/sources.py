@@ -1,8 +1,12 @@
 """Text sources: real conversations, questions and passages as small uniform :class:`TextRecord` objects.
 
-Loaders for the shared text (``../shared/traces/text``: MuSiQue RAG passages, MT-Bench two-turn questions
-with GPT-4 reference answers, ShareGPT first turns), for any local JSON / JSONL / Parquet file and for any
-Hugging Face dataset through ``datasets`` (offline: a local file or folder, or the datasets cache).
+Loaders for kvlab's text corpora (registry entries of kind ``text``, ``traces/registry.json``: CacheBlend's
+MuSiQue RAG passages and ready-made prompts, MT-Bench two-turn questions with GPT-4 reference answers, ShareGPT
+first turns), for any local JSON / JSONL / Parquet file and for any Hugging Face dataset through ``datasets``
+(offline: a local file or folder, or the datasets cache). A corpus loader called without a path reads the
+registry's verified local copy (:func:`corpus_path`: ``<repo>/traces/text`` first, where MT-Bench and ShareGPT-500
+are committed; then ``$KVLAB_TRACE_DIRS``, the download cache, ``../shared/traces``); a missing corpus is one
+ConfigError line naming its ``kvlab download`` command. An explicit path or text folder always wins.
 Records carry text only (characters); tokenising and laying out a prompt is :mod:`kvlab.workload.render`'s job.
 
 Row shapes recognised (:func:`record_from_row`): ShareGPT (``conversations: [{from, value}]``), OpenAI
@@ -281,23 +285,55 @@ def hf_dataset_records(
     return [record_from_row(row, path=name, index=k) for k, row in enumerate(rows)]
 
 
-# ------------------------------------------------------------------------------------------ shared text
+# ------------------------------------------------------------------------------------------ kvlab's corpora
+#: the registry name of each corpus file :func:`shared_corpus` reads, by source
+CORPUS_NAMES: dict[str, tuple[str, ...]] = {
+    "musique": ("cacheblend_musique",), "cacheblend": ("cacheblend_inputs",),
+    "mt_bench": ("mt_bench_questions", "mt_bench_answers"), "sharegpt": ("sharegpt_500",),
+}
+
+
+def missing_corpora_line(names: list[str]) -> str:
+    """One line naming the text corpora ``names`` that are not here and the command that fetches them (the
+    ``needs data that is not here: ...; run: ...`` shape that ``kvlab figures`` reads back)."""
+    from kvlab.workload.registry import download_command
+
+    return (f"needs data that is not here: {', '.join(names)} (text {'corpora' if len(names) > 1 else 'corpus'}: "
+            "searched traces/, $KVLAB_TRACE_DIRS, the download cache, ../shared/traces)"
+            f"; run: {' && '.join(download_command(n) for n in names)}")
+
+
+def corpus_path(name: str) -> Path:
+    """The verified local path of text corpus ``name`` (a registry name: the registry's search order, ``<repo>/
+    traces/text`` first); ConfigError, one line naming ``kvlab download NAME``, when there is none. A local copy
+    with the wrong sha256 raises the registry's ChecksumError naming it."""
+    from kvlab.workload.registry import CORPORA, find_local
+
+    if name not in CORPORA:
+        raise ConfigError(f"{name!r} is not a registered text corpus (known: {', '.join(sorted(CORPORA))})")
+    path = find_local(name)
+    if path is None:
+        raise ConfigError(missing_corpora_line([name]))
+    return path
+
+
 def shared_text_dir() -> Path:
-    """``../shared/traces/text`` beside the kvlab checkout (may not exist outside a development tree)."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "text"
+    """The first ``<dir>/text`` folder of the registry's search order (normally the committed
+    ``<repo>/traces/text``, which holds MT-Bench and ShareGPT-500; downloaded corpora land there too).
+    Loaders called without a path resolve each file on its own (:func:`corpus_path`)."""
+    from kvlab.workload.registry import repo_traces_dir, search_dirs
 
-
-def _dir(root: str | os.PathLike | None, *parts: str) -> Path:
-    return (Path(root) if root is not None else shared_text_dir()).joinpath(*parts)
+    return next((d / "text" for d in search_dirs() if (d / "text").is_dir()), repo_traces_dir() / "text")
 
 
 def musique_records(path: str | os.PathLike | None = None, *, limit: int | None = None) -> list[TextRecord]:
     """MuSiQue multi-hop questions with 10 retrieved passages each (CacheBlend's ``musique_s.json``).
 
-    ``path`` is the file, or the text folder holding ``cacheblend/musique_s.json`` (default: the shared one).
-    Each record: documents in retrieval order, the question as a user turn, the gold answer as an assistant turn.
+    ``path`` is the file, or the text folder holding ``cacheblend/musique_s.json`` (default: registry corpus
+    ``cacheblend_musique``). Each record: documents in retrieval order, the question as a user turn, the gold
+    answer as an assistant turn.
     """
-    p = Path(path) if path is not None else _dir(None)
+    p = Path(path) if path is not None else corpus_path("cacheblend_musique")
     if p.is_dir():
         p = p / "cacheblend" / "musique_s.json"
     recs = load_records(p, format="json", limit=limit)
@@ -305,8 +341,10 @@ def musique_records(path: str | os.PathLike | None = None, *, limit: int | None 
 
 
 def cacheblend_records(dir: str | os.PathLike | None = None) -> list[TextRecord]:
-    """CacheBlend's ready-made RAG prompts ``inputs/<n>.json`` (n ascending): passages ``"0"..`` and ``query``."""
-    root = _dir(dir, "cacheblend", "inputs") if dir is None else Path(dir)
+    """CacheBlend's ready-made RAG prompts ``inputs/<n>.json`` (n ascending): passages ``"0"..`` and ``query``.
+
+    ``dir``: the ``cacheblend`` folder or its ``inputs`` folder (default: registry corpus ``cacheblend_inputs``)."""
+    root = corpus_path("cacheblend_inputs") if dir is None else Path(dir)
     folder = root / "inputs" if (root / "inputs").is_dir() else root
     numbered = (f for f in folder.glob("*.json") if f.stem.isascii() and f.stem.isdigit())
     files = sorted(numbered, key=lambda f: int(f.stem))
@@ -334,13 +372,18 @@ def mt_bench_records(
 ) -> list[TextRecord]:
     """MT-Bench's 80 two-turn questions; with GPT-4 reference answers where FastChat has them (30).
 
-    ``path`` is ``question.jsonl`` or its folder (default: the shared one, whose reference answers are
-    then used too). A question with answers reads user, assistant, user, assistant; without, user, user.
+    ``path`` is ``question.jsonl`` or its folder (default: registry corpus ``mt_bench_questions``, with the
+    reference answers of ``mt_bench_answers`` unless ``answers_path`` is given; a given path uses only the
+    ``answers_path`` given with it). A question with answers reads user, assistant, user, assistant; without,
+    user, user.
     """
-    q = Path(path) if path is not None else _dir(None, "mt_bench")
+    if path is None:
+        q = corpus_path("mt_bench_questions")
+        if answers_path is None:
+            answers_path = corpus_path("mt_bench_answers")
+    else:
+        q = Path(path)
     if q.is_dir():
-        if answers_path is None and path is None:
-            answers_path = q / "reference_answer" / "gpt-4.jsonl"
         q = q / "question.jsonl"
     answers: dict[str, list[str]] = {}
     if answers_path is not None:
@@ -367,17 +410,36 @@ def mt_bench_records(
 
 
 def sharegpt_records(path: str | os.PathLike | None = None, *, limit: int | None = None) -> list[TextRecord]:
-    """ShareGPT conversations (a JSON list of ``{id, conversations: [{from, value}]}``); default: the shared
-    500 first turns (``sharegpt_first_turn/ShareGPT_V3_filtered_500.json``: one user turn each)."""
-    p = Path(path) if path is not None else _dir(None, "sharegpt_first_turn", "ShareGPT_V3_filtered_500.json")
+    """ShareGPT conversations (a JSON list of ``{id, conversations: [{from, value}]}``); default: registry corpus
+    ``sharegpt_500``, the 500 first turns (``ShareGPT_V3_filtered_500.json``: one user turn each)."""
+    p = Path(path) if path is not None else corpus_path("sharegpt_500")
     return load_records(p, format="json" if p.suffix.lower() != ".jsonl" else "jsonl", limit=limit)
 
 
 def shared_corpus(text_dir: str | os.PathLike | None = None) -> dict[str, list[TextRecord]]:
-    """Every record of the shared text folder, by source: ``musique``, ``cacheblend``, ``mt_bench``, ``sharegpt``."""
-    root = Path(text_dir) if text_dir is not None else shared_text_dir()
+    """Every record of kvlab's text corpora, by source: ``musique``, ``cacheblend``, ``mt_bench``, ``sharegpt``.
+
+    ``text_dir``: a folder laid out like ``../shared/traces/text`` (``cacheblend/``, ``mt_bench/``,
+    ``sharegpt_first_turn/``); default: each corpus through the registry (:data:`CORPUS_NAMES`), and one
+    ConfigError line naming every missing corpus and its ``kvlab download`` command before anything is read."""
+    if text_dir is None:
+        from kvlab.workload.registry import find_local
+
+        names = [n for group in CORPUS_NAMES.values() for n in group]
+        paths = {n: find_local(n) for n in names}
+        missing = [n for n in names if paths[n] is None]
+        if missing:
+            raise ConfigError(missing_corpora_line(missing))
+        return {
+            "musique": musique_records(paths["cacheblend_musique"]),
+            "cacheblend": cacheblend_records(paths["cacheblend_inputs"]),
+            "mt_bench": mt_bench_records(paths["mt_bench_questions"], paths["mt_bench_answers"]),
+            "sharegpt": sharegpt_records(paths["sharegpt_500"]),
+        }
+    root = Path(text_dir)
     if not root.is_dir():
-        raise ConfigError(f"{root}: the shared text folder is missing (expected ../shared/traces/text)")
+        raise ConfigError(f"{root}: the text folder is missing (a folder like ../shared/traces/text; or leave "
+                          "text_dir unset to use the registry's corpora)")
     return {
         "musique": musique_records(root / "cacheblend" / "musique_s.json"),
         "cacheblend": cacheblend_records(root / "cacheblend"),
