@@ -29,7 +29,7 @@ BlockSize = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
 Seed = Annotated[int, Field(ge=0, lt=1 << 64)]
 HashScheme = Literal["sha256", "xxh3_128", "xxh3_64", "builtin"]
 CountingMode = Literal["vllm", "ideal"]
-TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet", "request-log"]
+TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet", "request-log", "messages"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)  # the trace formats kvlab reads (one list: loaders, CLI)
 
 

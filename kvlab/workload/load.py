@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from kvlab.errors import ConfigError
 from kvlab.workload.alibaba import load_alibaba
+from kvlab.workload.messages import load_messages_trace
 from kvlab.workload.mooncake import load_mooncake
 from kvlab.workload.native_jsonl import load_jsonl
 from kvlab.workload.native_parquet import load_parquet
@@ -21,6 +22,7 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "jsonl": load_jsonl,
     "parquet": load_parquet,
     "request-log": load_request_log,
+    "messages": load_messages_trace,
 }
 
 
@@ -28,7 +30,8 @@ def load_trace(name_or_path: str | os.PathLike, format: str | None = None, **kw:
     """Load a registry trace by name (downloading it if no local copy exists) or a file by path.
 
     ``format`` is one of ``mooncake``, ``alibaba``, ``jsonl`` (kvlab native), ``parquet``, ``request-log``
-    (a serving log with token ids, :mod:`kvlab.workload.request_log`); by default it
+    (a serving log with token ids, :mod:`kvlab.workload.request_log`), ``messages`` (a researcher's requests in
+    the OpenAI chat shape, rendered with ``tokenizer=``: :mod:`kvlab.workload.messages`); by default it
     is the registry's format for a name, else detected from the file name, Parquet magic bytes or the
     first line's keys. ``kw`` goes to the loader (``name``, ``block_size``, ``sort``, ``tokenizer``...).
     A registry trace is named after its registry key unless ``name`` is given.

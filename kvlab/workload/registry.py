@@ -394,6 +394,8 @@ def detect_format(path: str | os.PathLike) -> str:
     if type(obj) is not dict:
         raise TraceFormatError(str(path), ln, None, "first line is not a JSON object: cannot detect the format")
     keys = set(obj)
+    if "messages" in keys and "kvlab_trace" not in keys:  # a messages file (kvlab.workload.messages)
+        return "messages"
     if "kvlab_trace" in keys or "arrival" in keys:
         return "jsonl"
     if {"chat_id", "parent_chat_id", "hash_ids"} <= keys:
