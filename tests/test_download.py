@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import kvlab.workload.download as downloading
 import kvlab.workload.registry as registry
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError
 from kvlab.workload import download, load_trace, resolve_trace
@@ -64,13 +65,20 @@ def closed_url():
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """Empty cache and trace dirs, and no sibling ../shared/traces lookup for the test entries."""
+    """Empty cache and trace dirs, and a temporary repository root: its traces/ (where downloads land) and its
+    sibling ../shared/traces are empty folders of tmp_path, never the real ones."""
     cache = tmp_path / "cache"
     dirs = tmp_path / "dirs"
     dirs.mkdir()
     monkeypatch.setenv("KVLAB_CACHE", str(cache))
     monkeypatch.setenv("KVLAB_TRACE_DIRS", str(dirs))
+    monkeypatch.setattr(registry, "REPO_ROOT", tmp_path / "repo")
     return cache, dirs
+
+
+def landed(tmp_path: Path) -> Path:
+    """Where :func:`download` puts the test entry: ``<tmp repo>/traces/testgroup/kvlab_test_trace.jsonl``."""
+    return tmp_path / "repo" / "traces" / "testgroup" / "kvlab_test_trace.jsonl"
 
 
 def register(monkeypatch, url: str, **kw) -> str:
@@ -90,13 +98,14 @@ def register(monkeypatch, url: str, **kw) -> str:
     return "test_trace"
 
 
-def test_download_success_then_cached(server, isolated, monkeypatch, closed_url):
+def test_download_success_then_cached(server, isolated, monkeypatch, closed_url, tmp_path):
     cache, _ = isolated
     name = register(monkeypatch, f"{server}/trace.jsonl")
     path = download(name, progress=False)
-    assert path == cache / "kvlab_test_trace.jsonl" and path.read_bytes() == PAYLOAD
-    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE, "kvlab_test_trace.jsonl"]
-    # Second call: served from the cache, no network (the URL now points at a closed port), and no
+    assert path == landed(tmp_path) and path.read_bytes() == PAYLOAD  # <repo>/traces/<group>/
+    assert sorted(p.name for p in path.parent.iterdir()) == ["kvlab_test_trace.jsonl"]
+    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE]
+    # Second call: served from traces/, no network (the URL now points at a closed port), and no
     # re-hash either: the download recorded the verified sha256.
     register(monkeypatch, closed_url)
     hashed = count_hashing(monkeypatch)
@@ -117,7 +126,7 @@ def test_download_explicit_cache_dir_and_prefix(server, isolated, monkeypatch, t
     "field, value, what",
     [("sha256", "0" * 64, "sha256"), ("size", 12345, "bytes"), ("sha256_prefix", "ffffffff", "start with")],
 )
-def test_download_checksum_mismatch(server, isolated, monkeypatch, field, value, what):
+def test_download_checksum_mismatch(server, isolated, monkeypatch, field, value, what, tmp_path):
     cache, _ = isolated
     url = f"{server}/trace.jsonl"
     name = register(monkeypatch, url, **{field: value, **({"sha256": None} if field == "sha256_prefix" else {})})
@@ -125,7 +134,8 @@ def test_download_checksum_mismatch(server, isolated, monkeypatch, field, value,
         download(name, progress=False)
     msg = str(ei.value)
     assert "checksum mismatch" in msg and url in msg and what in msg and "place it at" in msg
-    assert not cache.exists() or list(cache.iterdir()) == []  # neither the file nor a .part remains
+    assert not cache.exists() or list(cache.iterdir()) == []
+    assert list(landed(tmp_path).parent.iterdir()) == []  # neither the file nor a .part remains
 
 
 def test_download_404(server, isolated, monkeypatch):
@@ -166,13 +176,13 @@ def test_local_search_path_first(isolated, monkeypatch, closed_url, tmp_path):
 def count_hashing(monkeypatch) -> list[Path]:
     """Record every full-file hash the registry computes (the list grows with each one)."""
     calls: list[Path] = []
-    real = registry.sha256_file
+    real = downloading.sha256_file
 
     def counting(path, *a, **kw):
         calls.append(Path(path))
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(registry, "sha256_file", counting)
+    monkeypatch.setattr(downloading, "sha256_file", counting)
     return calls
 
 
@@ -265,7 +275,7 @@ def test_unreadable_local_copy_is_named(isolated, monkeypatch, closed_url):
     def denied(path, *a, **kw):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(registry, "sha256_file", denied)
+    monkeypatch.setattr(downloading, "sha256_file", denied)
     with pytest.raises(TraceFileError, match="permission denied") as ei:
         load_trace(name)
     assert ei.value.path == str(local)
@@ -290,7 +300,7 @@ class _FakeResponse(io.BytesIO):
         self.headers = {"Content-Length": str(len(data))}
 
 
-def test_fetch_with_mocked_opener_verifies_before_rename(isolated, monkeypatch):
+def test_fetch_with_mocked_opener_verifies_before_rename(isolated, monkeypatch, tmp_path):
     cache, _ = isolated
     served = {"data": PAYLOAD}
     urls: list[str] = []
@@ -305,12 +315,13 @@ def test_fetch_with_mocked_opener_verifies_before_rename(isolated, monkeypatch):
     path = download(name, progress=False)
     assert path.read_bytes() == PAYLOAD and urls == ["https://example.invalid/kvlab_test_trace.jsonl"]
     assert load_trace(name).checksum == hashlib.sha256(PAYLOAD).hexdigest() and hashed == []
-    # A corrupted transfer of the right size is refused; the verified copy in the cache stays.
+    # A corrupted transfer of the right size is refused; the verified copy in traces/<group>/ stays.
     served["data"] = PAYLOAD[:-2] + b"7\n"
     with pytest.raises(DownloadError, match="checksum mismatch"):
         download(name, force=True, progress=False)
-    assert path.read_bytes() == PAYLOAD
-    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE, "kvlab_test_trace.jsonl"]
+    assert path == landed(tmp_path) and path.read_bytes() == PAYLOAD
+    assert sorted(p.name for p in path.parent.iterdir()) == ["kvlab_test_trace.jsonl"]
+    assert sorted(p.name for p in cache.iterdir()) == [VERIFY_CACHE]
 
 
 def test_unknown_names(isolated):
@@ -376,6 +387,7 @@ def test_cache_dir_defaults(monkeypatch, tmp_path):
 
 def test_registry_entries_are_complete():
     keys = {
+        "kind",
         "url",
         "filename",
         "format",
@@ -385,6 +397,10 @@ def test_registry_entries_are_complete():
         "requests",
         "group",
         "description",
+        "licence",
+        "used_for",
+        "committed",
+        "checksum_source",
     }
     assert {
         "mooncake_conversation",
@@ -398,7 +414,7 @@ def test_registry_entries_are_complete():
     } <= set(TRACES)
     size_unknown = {"mooncake_toolagent", "mooncake_arxiv"}  # published nowhere we could read
     for name, e in TRACES.items():
-        assert set(e) == keys, name
+        assert set(e) == keys and e["kind"] == "trace" and not e["committed"], name
         assert e["format"] in FORMATS and e["url"].startswith("https://") and e["url"].endswith(e["filename"])
         sha = e["sha256"]
         assert type(sha) is str and len(sha) == 64 and int(sha, 16) >= 0 and sha == sha.lower(), name
@@ -412,6 +428,7 @@ def test_registry_entries_are_complete():
 @pytest.mark.shared
 def test_shared_traces_found_without_network(shared_file, isolated, monkeypatch, closed_url):
     conv = shared_file("mooncake/conversation_trace.jsonl")
+    monkeypatch.setattr(registry, "shared_traces_dir", lambda: conv.parents[1])  # the real ../shared/traces, last
     monkeypatch.setitem(TRACES, "mooncake_conversation", dict(TRACES["mooncake_conversation"], url=closed_url))
     assert download("mooncake_conversation") == conv
     path, fmt = resolve_trace("mooncake_conversation")
