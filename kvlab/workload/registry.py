@@ -118,6 +118,9 @@ def load_registry(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, dict[str
     return {name: _check_entry(str(path), name, e) for name, e in entries.items()}
 
 
+if not REGISTRY_FILE.is_file():  # an installed copy without its repository
+    raise ConfigError(f"{REGISTRY_FILE}: kvlab's trace registry is missing; kvlab runs from its repository "
+                      "(git clone, then pip install -e .), whose traces/ folder holds registry.json")
 _REGISTRY = load_registry()
 #: the registered traces (kind ``trace``): name -> entry
 TRACES: dict[str, dict[str, Any]] = {n: e for n, e in _REGISTRY.items() if e["kind"] == "trace"}
