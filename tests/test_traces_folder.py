@@ -140,7 +140,7 @@ def test_a_wrong_copy_first_in_the_order_is_an_error(tmp_repo, monkeypatch, tmp_
     name = _corpus(monkeypatch, "file:///nowhere/corpus.json", data)
     first = tmp_repo / "traces" / "text" / "testgroup" / "corpus.json"
     first.parent.mkdir(parents=True)
-    first.write_bytes(data[:-2] + b"]\n")
+    first.write_bytes(data.replace(b"hello", b"hellO"))  # same size, other content
     (tmp_path / "shared" / "traces").mkdir(parents=True)
     (tmp_path / "shared" / "traces" / "corpus.json").write_bytes(data)
     with pytest.raises(ChecksumError, match="kvlab download test_corpus --force") as ei:
