@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import kvlab.workload.download as downloading
+import kvlab.workload.fetching as fetching
 import kvlab.workload.registry as registry
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError
 from kvlab.workload import download, load_trace, resolve_trace
@@ -176,13 +176,13 @@ def test_local_search_path_first(isolated, monkeypatch, closed_url, tmp_path):
 def count_hashing(monkeypatch) -> list[Path]:
     """Record every full-file hash the registry computes (the list grows with each one)."""
     calls: list[Path] = []
-    real = downloading.sha256_file
+    real = fetching.sha256_file
 
     def counting(path, *a, **kw):
         calls.append(Path(path))
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(downloading, "sha256_file", counting)
+    monkeypatch.setattr(fetching, "sha256_file", counting)
     return calls
 
 
@@ -275,7 +275,7 @@ def test_unreadable_local_copy_is_named(isolated, monkeypatch, closed_url):
     def denied(path, *a, **kw):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(downloading, "sha256_file", denied)
+    monkeypatch.setattr(fetching, "sha256_file", denied)
     with pytest.raises(TraceFileError, match="permission denied") as ei:
         load_trace(name)
     assert ei.value.path == str(local)

@@ -16,7 +16,7 @@ Search order (:func:`search_dirs`, :func:`find_local`) for any entry: ``<repo>/t
 ``<dir>/<filename>``. :func:`download` returns the first copy found and only otherwise fetches the URL into
 ``<repo>/traces/<group>/<filename>`` (or ``<cache_dir>/<filename>`` when ``cache_dir`` is given), streamed
 through ``<file>.part``, verified against the known size and sha256 (or prefix), then renamed atomically
-(:mod:`kvlab.workload.download`).
+(:mod:`kvlab.workload.fetching`).
 
 The first local copy found is verified against the known size and full sha256 before it is used; a mismatch
 raises :class:`~kvlab.errors.ChecksumError` naming the file and both checksums (never a silent use or skip).
@@ -36,7 +36,7 @@ from typing import Any
 from kvlab.errors import ChecksumError, ConfigError, DownloadError, TraceFileError, TraceFormatError
 from kvlab.schema import TRACE_FORMATS
 from kvlab.workload._common import check_regular_file, field_label, parse_json_text, trace_file_error
-from kvlab.workload.download import (
+from kvlab.workload.fetching import (
     VERIFY_CACHE,
     check_cache_dir,
     check_folder,
@@ -45,7 +45,7 @@ from kvlab.workload.download import (
     remember_sha256,
     trace_cache_dir,
 )
-from kvlab.workload.download import fetch_verified as _fetch
+from kvlab.workload.fetching import fetch_verified as _fetch
 
 __all__ = [
     "CORPORA", "FORMATS", "KNOWN_TRACES", "REGISTRY_FILE", "REPO_ROOT", "TRACES", "VERIFY_CACHE", "check_cache_dir",
