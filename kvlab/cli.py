@@ -1,4 +1,4 @@
-"""The ``kvlab`` command line: trace statistics, replays, sweeps, downloads and the embedded demo.
+"""The ``kvlab`` command line: trace statistics, replays, sweeps, downloads, tokenizers and the embedded demo.
 
 ``kvlab replay`` and ``kvlab sweep`` live in :mod:`kvlab.cli_replay` (their flags, checks and table).
 """
@@ -377,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kvlab.cli_download import add_parser as add_download
 
     add_download(sub, common)
+
+    from kvlab.cli_tokenizer import add_parser as add_tokenizer
+
+    add_tokenizer(sub, common)
 
     pol = sub.add_parser("policies", parents=[common], help="list registered eviction policies")
     pol.set_defaults(func=cmd_policies)

@@ -1,13 +1,14 @@
-"""Tokenizers for text workloads: kvlab's BPE (trained on the shared text, cached, deterministic), Hugging Face
-tokenizers from a local folder (offline) with a date-injecting chat template, the byte tokenizer."""
+"""Tokenizers for text workloads: kvlab's BPE (the committed file; retraining on the shared text reproduces it,
+byte for byte, in a fresh process), Hugging Face tokenizers from a local folder (offline) with a
+date-injecting chat template, the byte tokenizer."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -28,6 +29,7 @@ from kvlab.workload.tokenizer import (  # noqa: E402
     HFTokenizer,
     load_tokenizer,
 )
+from kvlab.workload.tokenizer_store import DATA_DIR, KVLAB_BPE_SHA256, train_named  # noqa: E402
 
 LLAMA31_LIKE_TEMPLATE = (
     "{{- bos_token }}"
@@ -56,14 +58,9 @@ def text_dir(shared_file):
 
 
 @pytest.fixture(scope="session")
-def bpe_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("tokenizers")
-
-
-@pytest.fixture(scope="session")
-def bpe(text_dir, bpe_cache) -> HFTokenizer:
-    """kvlab's default tokenizer, trained once per session into a private cache."""
-    return load_tokenizer(cache_dir=bpe_cache, text_dir=text_dir)
+def bpe() -> HFTokenizer:
+    """kvlab's default tokenizer: the committed file."""
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="session")
@@ -82,30 +79,32 @@ def llama_like(bpe, tmp_path_factory) -> HFTokenizer:
 
 
 # ------------------------------------------------------------------------------------------ kvlab BPE
-def test_bpe_is_the_default_and_is_cached(bpe, bpe_cache, text_dir, monkeypatch):
+def test_bpe_is_the_default_and_the_committed_file(bpe, tmp_path, monkeypatch):
     assert bpe.name == f"kvlab-bpe-{BPE_VOCAB_SIZE}" and bpe.vocab_size == BPE_VOCAB_SIZE
-    files = sorted(os.listdir(bpe_cache))
-    assert len(files) == 1 and files[0].startswith("kvlab-bpe-") and files[0].endswith(".json")  # no temp files
+    assert bpe.sha256 == KVLAB_BPE_SHA256  # the identity hashes the vocabulary JSON: the committed file's sha256
 
     def no_training(*a, **k):
-        raise AssertionError("trained again instead of reading the cache")
+        raise AssertionError("trained instead of loading the committed file")
 
     monkeypatch.setattr(tk, "train_bpe", no_training)
-    again = load_tokenizer("kvlab-bpe", cache_dir=bpe_cache, text_dir=text_dir)
+    again = load_tokenizer("kvlab-bpe", cache_dir=tmp_path)
     assert again.sha256 == bpe.sha256 and again.template_sha256 == bpe.template_sha256
+    assert list(tmp_path.iterdir()) == []  # nothing written to the tokenizer folder
     assert bpe.chat_template == CHATML_TEMPLATE and not bpe.injects_date
 
 
-def test_bpe_training_is_deterministic_across_processes(bpe, bpe_cache, text_dir, tmp_path):
-    """A fresh process (its own hash seeds and thread pool) trains the same vocabulary, byte for byte."""
-    code = textwrap.dedent(f"""
-        from kvlab.workload.tokenizer import load_tokenizer
-        print(load_tokenizer(cache_dir={str(tmp_path)!r}, text_dir={str(text_dir)!r}).sha256)
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
-    assert out.stdout.strip() == bpe.sha256
-    (mine,) = bpe_cache.iterdir()
-    assert (tmp_path / mine.name).read_bytes() == mine.read_bytes()
+def test_bpe_training_reproduces_the_committed_file_in_a_fresh_process(bpe, text_dir, tmp_path):
+    """``kvlab tokenizer train`` in a fresh process (its own hash seeds and thread pool) on the shared text
+    writes kvlab-bpe's vocabulary byte for byte, with the committed provenance's file list."""
+    env = {**os.environ, "KVLAB_TOKENIZER_CACHE": str(tmp_path)}
+    cmd = [sys.executable, "-m", "kvlab.cli", "tokenizer", "train", "--name", "again", "--text-dir", str(text_dir)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300, env=env)
+    assert (tmp_path / "again.json").read_bytes() == (DATA_DIR / "kvlab-bpe.json").read_bytes()
+    mine = json.loads((tmp_path / "again.provenance.json").read_text())
+    committed = json.loads((DATA_DIR / "kvlab-bpe.provenance.json").read_text())
+    assert {k: v for k, v in mine.items() if k not in ("name", "file")} == \
+        {k: v for k, v in committed.items() if k not in ("name", "file")}
+    assert load_tokenizer("again", cache_dir=tmp_path).sha256 == bpe.sha256
 
 
 def test_training_key_covers_text_and_settings():
@@ -146,14 +145,15 @@ def test_hf_folder_offline_with_date_injecting_template(llama_like, bpe):
 
 
 def test_unknown_hf_name_is_one_config_error_line():
-    with pytest.raises(ConfigError, match="not a local folder nor in the Hugging Face cache") as e:
+    with pytest.raises(ConfigError, match="a local folder, nor in the Hugging Face cache") as e:
         load_tokenizer("kvlab-test/no-such-tokenizer")
     assert "\n" not in str(e.value)
 
 
-def test_missing_shared_text_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="shared text folder is missing"):
-        load_tokenizer(cache_dir=tmp_path, text_dir=tmp_path / "nowhere")
+def test_training_without_the_text_folder_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="the text folder is missing"):
+        train_named("mine", text_dir=tmp_path / "nowhere", folder=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------ bytes

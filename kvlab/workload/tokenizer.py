@@ -1,16 +1,18 @@
-"""Tokenizers for text workloads: any Hugging Face tokenizer (offline), kvlab's own BPE, or bytes.
+"""Tokenizers for text workloads: kvlab's own BPE (committed), retrained or fetched ones, rank files, any
+Hugging Face tokenizer (offline), or bytes.
 
 :func:`load_tokenizer` returns a :class:`TextTokenizer`: token ids with character offsets (for segment
 spans), a chat template (the model's own, else kvlab's plain ``USER:`` / ``ASSISTANT:`` layout) and the
 hashes of both, which belong to a run's identity. Specs:
 
-* ``"kvlab-bpe"`` (the default): a byte-level BPE (16,384 tokens, ChatML template) that kvlab trains with
-  the ``tokenizers`` library on the shared text (``../shared/traces/text``) and caches under
-  :func:`tokenizer_cache_dir`, keyed by the sha256 of the training text and settings; training is
-  deterministic (same text, same vocabulary). No registry package ships a real model vocabulary that
-  kvlab could depend on (``tiktoken`` downloads its files; ``mistral-common`` ships Mistral's, but pins
-  ``numpy<2.4`` on Python <= 3.12; docs/layout.md has the survey).
+* ``"kvlab-bpe"`` (the default): a byte-level BPE (16,384 tokens, ChatML template) committed as
+  ``kvlab/data/tokenizers/kvlab-bpe.json`` with the sha256s of the text it was trained on
+  (:mod:`kvlab.workload.tokenizer_store`); its sha256 is checked at every load, nothing is trained, no text
+  folder is needed: the name always means the same ids.
 * ``"byte"``: UTF-8 bytes (:class:`~kvlab.workload.text.ByteTokenizer`), for tests.
+* ``"tekken"``: Mistral NeMo's production vocabulary, once fetched with ``kvlab tokenizer fetch tekken``
+  (:mod:`kvlab.workload.tokenizer_fetch`); absent, one line names that command.
+* a name trained with ``kvlab tokenizer train --name NAME`` (the tokenizer folder, :func:`tokenizer_cache_dir`).
 * a rank file (``*.tiktoken``, ``tekken*.json`` or ``"ranks:PATH"``): a real vocabulary published as token
   ranks, converted once (:mod:`kvlab.workload.rank_tokenizer`).
 * anything else: a Hugging Face tokenizer name or local folder, loaded with ``local_files_only=True``
@@ -35,7 +37,7 @@ from typing import Any
 from kvlab.arguments import kind_of, require_text
 from kvlab.errors import ConfigError
 from kvlab.inputs import regular_file
-from kvlab.workload._common import atomic_open, one_line
+from kvlab.workload._common import one_line
 from kvlab.workload.text import ASSISTANT_PREFIX, USER_PREFIX, ByteTokenizer
 
 DEFAULT_TOKENIZER = "kvlab-bpe"
@@ -43,6 +45,7 @@ DEFAULT_DATE_STRING = "26 Jul 2024"  # Llama-3.1's template default; fixed so re
 BPE_VOCAB_SIZE = 16384  # tokens
 BPE_MIN_FREQUENCY = 2
 BPE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+RECIPE = "byte-level-bpe-v1"  # kvlab's BPE recipe (train_bpe); part of the training key and provenance
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -232,8 +235,9 @@ class HFTokenizer(TextTokenizer):
 
 # ------------------------------------------------------------------------------------------ kvlab BPE
 def tokenizer_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """Where trained tokenizers live: ``cache``, else ``$KVLAB_TOKENIZER_CACHE``, else ``$KVLAB_CACHE/tokenizers``
-    (kvlab's cache folder, as the tests set it), else ``~/.cache/kvlab/tokenizers``."""
+    """The tokenizer folder (trained and fetched tokenizers, rank-file conversions): ``cache``, else
+    ``$KVLAB_TOKENIZER_CACHE``, else ``$KVLAB_CACHE/tokenizers`` (kvlab's cache folder, as the tests set it),
+    else ``~/.cache/kvlab/tokenizers``. The committed kvlab-bpe is not here (package data)."""
     if cache is not None:
         return Path(cache)
     env = os.environ.get("KVLAB_TOKENIZER_CACHE")
@@ -275,7 +279,7 @@ def _training_key(texts: list[str], vocab_size: int, min_frequency: int) -> str:
     """sha256 over the training text and every setting that changes the vocabulary."""
     h = hashlib.sha256()
     settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "special": BPE_SPECIAL_TOKENS,
-                "tokenizers": _tokenizers().__version__, "recipe": "byte-level-bpe-v1"}
+                "tokenizers": _tokenizers().__version__, "recipe": RECIPE}
     h.update(json.dumps(settings, sort_keys=True).encode())
     for t in texts:
         h.update(b"\x1e")
@@ -296,34 +300,18 @@ def wrap_tokenizers(
     return HFTokenizer(hf, name)
 
 
-def kvlab_bpe(
-    text_dir: str | os.PathLike | None = None,
-    *,
-    vocab_size: int = BPE_VOCAB_SIZE,
-    min_frequency: int = BPE_MIN_FREQUENCY,
-    cache_dir: str | os.PathLike | None = None,
-) -> HFTokenizer:
-    """kvlab's BPE: trained on the shared text folder (default ``../shared/traces/text``), cached by content.
+def bpe_tokenizer(tok: Any, name: str) -> HFTokenizer:
+    """A :class:`TextTokenizer` of a vocabulary trained with kvlab's recipe (:func:`train_bpe`): ChatML template,
+    ``<|endoftext|>`` as end of sequence."""
+    return wrap_tokenizers(tok, name, chat_template=CHATML_TEMPLATE, eos_token="<|endoftext|>")
 
-    The training text is every text of :func:`~kvlab.workload.sources.shared_corpus` in a fixed order;
-    the cache file ``kvlab-bpe-<key>.json`` is named by :func:`_training_key` and written atomically.
-    """
-    from kvlab.workload.sources import corpus_texts, shared_corpus
 
-    corpus = shared_corpus(text_dir)
-    texts = [t for name in sorted(corpus) for t in corpus_texts(corpus[name])]
-    key = _training_key(texts, vocab_size, min_frequency)
-    folder = tokenizer_cache_dir(cache_dir)
-    path = folder / f"kvlab-bpe-{key[:24]}.json"
-    tk = _tokenizers()
-    if path.is_file():
-        tok = tk.Tokenizer.from_file(str(path))
-    else:
-        tok = train_bpe(texts, vocab_size=vocab_size, min_frequency=min_frequency)
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_open(path, "w", encoding="utf-8") as f:
-            f.write(tok.to_str())
-    return wrap_tokenizers(tok, f"kvlab-bpe-{vocab_size}", chat_template=CHATML_TEMPLATE, eos_token="<|endoftext|>")
+def kvlab_bpe() -> HFTokenizer:
+    """kvlab's BPE: the committed ``kvlab-bpe.json`` (sha256 checked; never trained here), named
+    ``kvlab-bpe-16384`` in run identities as it always was."""
+    from kvlab.workload.tokenizer_store import committed_bpe
+
+    return bpe_tokenizer(committed_bpe(), f"kvlab-bpe-{BPE_VOCAB_SIZE}")
 
 
 # ------------------------------------------------------------------------------------------ one entry point
@@ -349,39 +337,40 @@ def _check_folder_files(folder: Path) -> None:
 
 
 def load_tokenizer(
-    spec: str | os.PathLike | None = None,
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    text_dir: str | os.PathLike | None = None,
+    spec: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None
 ) -> TextTokenizer:
-    """A :class:`TextTokenizer` by spec: ``None``/``"kvlab-bpe"``, ``"byte"``, a rank file, or a Hugging Face
-    name or folder.
+    """A :class:`TextTokenizer` by spec: ``None``/``"kvlab-bpe"``, ``"byte"``, a fetched name (``"tekken"``), a
+    name trained with ``kvlab tokenizer train``, a rank file, or a Hugging Face name or folder.
 
+    ``"kvlab-bpe"`` is the committed file (sha256 checked; no text folder, no training). ``"tekken"`` is the
+    file ``kvlab tokenizer fetch tekken`` placed in the tokenizer folder (absent: one ConfigError line naming
+    that command). A trained name is ``NAME.json`` there, checked against ``NAME.provenance.json``; it wins
+    over a file or folder of the same name in the current folder (give ``./NAME`` for those).
     A rank file is a ``*.tiktoken`` or ``tekken*.json`` path, or any file as ``"ranks:PATH"`` (e.g. Llama-3's
     original ``tokenizer.model``): see :mod:`kvlab.workload.rank_tokenizer`; no chat template (plain layout).
     Hugging Face tokenizers load offline (``local_files_only=True``): a folder with ``tokenizer.json``, or
-    a name already in the Hugging Face cache. ``cache_dir`` applies to kvlab's BPE and to rank files,
-    ``text_dir`` to kvlab's BPE only.
+    a name already in the Hugging Face cache. ``cache_dir`` is the tokenizer folder (default
+    :func:`tokenizer_cache_dir`): trained and fetched tokenizers and rank-file conversions.
 
     Every tokenizer is checked before it is returned (:func:`check_tokenizer`: it must encode text to tokens);
     tokenizer files are read only when they are regular files (a FIFO or device is refused, never opened).
     """
-    if spec is not None and not isinstance(spec, str | os.PathLike):
-        raise ConfigError(f"tokenizer: expected a tokenizer spec (a name or a path), got {kind_of(spec)}")
-    if spec is None or spec == DEFAULT_TOKENIZER:
-        return check_tokenizer(kvlab_bpe(text_dir, cache_dir=cache_dir), repr(DEFAULT_TOKENIZER))
-    if spec == "byte":
-        return ByteTextTokenizer()
-    name = os.fspath(spec)
-    rank_file = Path(name.removeprefix("ranks:"))
-    if name.startswith("ranks:") or rank_file.suffix == ".tiktoken" or (
-        rank_file.suffix == ".json" and rank_file.name.startswith("tekken")
-    ):
-        from kvlab.workload.rank_tokenizer import rank_file_tokenizer
+    from kvlab.workload.tokenizer_store import fetched_file, trained_tokenizer
 
-        tok = wrap_tokenizers(rank_file_tokenizer(rank_file, cache_dir=tokenizer_cache_dir(cache_dir)),
-                              f"ranks:{rank_file.name}")
-        return check_tokenizer(tok, str(rank_file))
+    kind, name = resolve_spec(spec)
+    folder = tokenizer_cache_dir(cache_dir)
+    if kind == "kvlab-bpe":
+        return check_tokenizer(kvlab_bpe(), repr(DEFAULT_TOKENIZER))
+    if kind == "byte":
+        return ByteTextTokenizer()
+    if kind == "fetched":
+        return check_tokenizer(_rank_tokenizer(fetched_file(name, folder), folder, name), repr(name))
+    if kind == "ranks":
+        rank_file = Path(name)
+        return check_tokenizer(_rank_tokenizer(rank_file, folder, f"ranks:{rank_file.name}"), str(rank_file))
+    trained = trained_tokenizer(name, folder)
+    if trained is not None:
+        return check_tokenizer(bpe_tokenizer(trained, name), repr(name))
     if Path(name).is_dir():
         _check_folder_files(Path(name))
     try:
@@ -391,8 +380,79 @@ def load_tokenizer(
     try:
         hf = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except Exception as e:  # OSError, ValueError, EnvironmentError... all mean "not available here"
-        why = one_line(str(e), 200) or type(e).__name__
-        raise ConfigError(
-            f"tokenizer {name!r}: not a local folder nor in the Hugging Face cache (offline, nothing downloaded): {why}"
-        ) from None
+        raise ConfigError(_not_found(name, one_line(str(e), 200) or type(e).__name__)) from None
     return check_tokenizer(HFTokenizer(hf, name), repr(name))
+
+
+def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str]:
+    """``(kind, name)`` of a tokenizer spec, without loading anything: kind ``kvlab-bpe``, ``byte``, ``fetched``
+    (a :data:`~kvlab.workload.tokenizer_fetch.FETCHABLE` name), ``ranks`` (a rank file's path), or ``other``
+    (a trained name, else a Hugging Face folder or name: :func:`load_tokenizer` tells them apart)."""
+    from kvlab.workload.tokenizer_fetch import FETCHABLE
+
+    if spec is not None and not isinstance(spec, str | os.PathLike):
+        raise ConfigError(f"tokenizer: expected a tokenizer spec (a name or a path), got {kind_of(spec)}")
+    if spec is None or spec == DEFAULT_TOKENIZER:
+        return "kvlab-bpe", DEFAULT_TOKENIZER
+    if spec == "byte":
+        return "byte", "byte"
+    name = os.fspath(spec)
+    if name in FETCHABLE:
+        return "fetched", name
+    rank_file = Path(name.removeprefix("ranks:"))
+    if name.startswith("ranks:") or rank_file.suffix == ".tiktoken" or (
+        rank_file.suffix == ".json" and rank_file.name.startswith("tekken")
+    ):
+        return "ranks", str(rank_file)
+    return "other", name
+
+
+def _not_found(name: str, why: str) -> str:
+    from kvlab.workload.tokenizer_fetch import FETCHABLE
+
+    return (f"tokenizer {name!r}: not a kvlab tokenizer (kvlab-bpe, byte, {', '.join(FETCHABLE)}, or a name trained "
+            f"with kvlab tokenizer train), a local folder, nor in the Hugging Face cache (offline, nothing "
+            f"downloaded): {why}")
+
+
+def check_spec(spec: str | os.PathLike | None, *, cache_dir: str | os.PathLike | None = None) -> None:
+    """ConfigError (one line) unless ``spec`` names a tokenizer that is here, checked without loading it: a
+    fetched name's file is present (else the line names ``kvlab tokenizer fetch``), a trained name's files,
+    a rank file is a regular file, a folder exists, or a Hugging Face name has its tokenizer files in the
+    Hugging Face cache. What only loading shows (a broken vocabulary) :func:`load_tokenizer` refuses later."""
+    from kvlab.workload.tokenizer_store import is_trained
+
+    kind, name = resolve_spec(spec)
+    folder = tokenizer_cache_dir(cache_dir)
+    if kind in ("kvlab-bpe", "byte"):
+        return
+    if kind == "fetched":
+        from kvlab.workload.tokenizer_store import fetched_file
+
+        fetched_file(name, folder, check_sha256=False)
+    elif kind == "ranks":
+        regular_file(name, "tokenizer file")
+    elif not (is_trained(name, folder) or Path(name).is_dir() or _in_hf_cache(name)):
+        raise ConfigError(_not_found(name, "no such trained name, folder or cached Hugging Face tokenizer"))
+
+
+def _in_hf_cache(name: str) -> bool:
+    """Whether the Hugging Face cache holds a tokenizer file of repository ``name`` (nothing is downloaded)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    for filename in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            if isinstance(try_to_load_from_cache(name, filename), str):
+                return True
+        except Exception:  # an invalid repository id: not in the cache
+            return False
+    return False
+
+
+def _rank_tokenizer(path: Path, folder: Path, name: str) -> HFTokenizer:
+    """The rank file ``path`` as a :class:`TextTokenizer` named ``name`` (converted once, cached in ``folder``)."""
+    from kvlab.workload.rank_tokenizer import rank_file_tokenizer
+
+    return wrap_tokenizers(rank_file_tokenizer(path, cache_dir=folder), name)
