@@ -77,7 +77,9 @@ def test_sharegpt_first_turns(corpus, text_dir):
     recs = corpus["sharegpt"]
     assert all(len(r.turns) == 1 and r.turns[0].role == "user" for r in recs)
     assert recs[0].id == "fzcoUcK_0" and recs[0].turns[0].content.startswith("How to stop automatic updates")
-    assert sharegpt_records(limit=7) == recs[:7]  # the default path is the shared file
+    default = sharegpt_records(limit=7)  # the registry's copy: the committed traces/text file, byte-identical
+    assert [(r.id, r.turns) for r in default] == [(r.id, r.turns) for r in recs[:7]]
+    assert default[0].source.endswith("traces/text/sharegpt_first_turn/ShareGPT_V3_filtered_500.json")
 
 
 # ------------------------------------------------------------------------------------------ local files
