@@ -14,7 +14,8 @@ Fields (units: blocks, tokens, seconds; every one optional, defaults below)::
     common_layouts: [as_generated, volatile_top, ...]   # applied to every family
     families:                         # name -> a family (or preset) name, its config fields, extra layouts
       rag: {family: rag, config: {n_requests: 160}, layouts: [documents_canonical, documents_reranked]}
-    boundary: {prompt_tokens: 1024, position_step: 8, block_sizes: [1, 16, 64, 256], requests: 4}
+      mine: {family: messages, config: {path: my_requests.jsonl}, common: false, layouts: [volatile_top]}
+    boundary: {prompt_tokens: 1024, position_step: 8, block_sizes: [1, 16, 64, 256], requests: 4}   # null: none
     answers: {checkpoint: null, limit: 8}
 
 A layout is a transform name (``"a+b"`` composes), ``{name: ..., <parameters>, label: ...}`` or ``{label: ...,
@@ -76,8 +77,8 @@ QUICK_SIZES = {"system_prompt": {"n_requests": 40}, "rag": {"n_requests": 30}, "
 
 class FamilySpec(Schema):
     """One family of the study: ``family`` (a :data:`~kvlab.workload.families.FAMILIES` or
-    :data:`~kvlab.workload.families.PRESETS` name, or ``trace``: :class:`TraceFamilyConfig`), its config fields,
-    layouts besides the common ones."""
+    :data:`~kvlab.workload.families.PRESETS` name, ``trace``: :class:`TraceFamilyConfig`, or ``messages``:
+    :class:`MessagesFamilyConfig`), its config fields, layouts besides the common ones."""
 
     label: ClassVar[str | None] = "family"
     family: str
@@ -107,6 +108,21 @@ class TraceFamilyConfig(Schema):
         w = load_trace(self.trace, format=self.format)
         return trace_requests(w, tokenizer=self.tokenizer, seed=self.seed, text_dir=self.text_dir,
                               max_requests=self.max_requests, pieces=self.pieces)
+
+
+class MessagesFamilyConfig(Schema):
+    """``family: messages``: a researcher's own requests, a messages file (:mod:`kvlab.workload.messages`; ``path``
+    relative to the current folder); ``output_tokens`` for requests without their own (tokens)."""
+
+    label: ClassVar[str | None] = "messages family"
+    family: str = "messages"
+    path: str
+    output_tokens: Annotated[int, Field(ge=0, le=1 << 28)] = 256
+
+    def generate(self) -> list:
+        from kvlab.workload.messages import load_messages
+
+        return load_messages(self.path, output_tokens=self.output_tokens, max_requests=MAX_FAMILY_REQUESTS)
 
 
 class BoundarySpec(Schema):
@@ -151,7 +167,7 @@ class LayoutStudyConfig(Schema):
     common_layouts: list = Field(default_factory=lambda: list(DEFAULT_COMMON))
     families: Annotated[dict[str, FamilySpec], Field(min_length=1)] = Field(
         default_factory=lambda: {k: FamilySpec(**v) for k, v in DEFAULT_FAMILIES.items()})
-    boundary: BoundarySpec = Field(default_factory=BoundarySpec)
+    boundary: BoundarySpec | None = Field(default_factory=BoundarySpec)  # None: no boundary sweep
     answers: AnswersSpec = Field(default_factory=AnswersSpec)
 
     @field_validator("cache_blocks", mode="before")
@@ -244,6 +260,8 @@ class LayoutStudyConfig(Schema):
         try:
             if spec.family == "trace":
                 return TraceFamilyConfig(**spec.config)
+            if spec.family == "messages":
+                return MessagesFamilyConfig(**spec.config)
             if spec.family in FAMILIES:
                 return family_config(spec.family, **spec.config)
             if spec.family in PRESETS:
@@ -251,7 +269,7 @@ class LayoutStudyConfig(Schema):
         except ConfigError as e:
             msg = re.sub(r" \(--[\w-]+\)", "", str(e))  # the family's CLI flag names mean nothing in a file
             raise ConfigError(f"{where}.config: {msg}") from None
-        known = ", ".join(sorted({*FAMILIES, *PRESETS, "trace"}))
+        known = ", ".join(sorted({*FAMILIES, *PRESETS, "trace", "messages"}))
         raise ConfigError(f"{where}.family: {spec.family!r} is not a workload family or preset (one of {known})")
 
     def layouts(self, name: str) -> list[Layout]:
@@ -279,7 +297,8 @@ class LayoutStudyConfig(Schema):
         config = self.family_config(name)
         where = f"families.{name}.config"
         try:
-            reqs = config.generate() if isinstance(config, TraceFamilyConfig) else generate(config)
+            own = isinstance(config, TraceFamilyConfig | MessagesFamilyConfig)
+            reqs = config.generate() if own else generate(config)
         except MemoryError:
             raise ConfigError(f"{where}: out of memory generating the family's requests (make it smaller: "
                               "n_requests, n_sessions, turns or token lengths)") from None
@@ -299,6 +318,8 @@ class LayoutStudyConfig(Schema):
         from kvlab.workload.sources import musique_records
 
         b = self.boundary
+        if b is None:
+            raise ConfigError("boundary: null (no boundary sweep): there is no boundary text")
         path = None if b.text_dir is None else Path(b.text_dir)
         text = ""
         for rec in musique_records(path):

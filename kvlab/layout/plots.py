@@ -6,12 +6,17 @@ figures at a print width (:func:`kvlab.plots.style.figure`), legends right of th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
 from kvlab.plots import style
 from kvlab.workload.segments import SEGMENT_KINDS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _DASHES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (1, 1))]
 SERIES_STYLE = [(style.PALETTE[i], _DASHES[i], style.MARKERS[i]) for i in range(len(_DASHES))]
@@ -159,3 +164,51 @@ def plot_gaps(gaps: pd.DataFrame, cache: str, axes: tuple[Axes, Axes] | None = N
     axes[0].set_title(f"best vs worst layout, cache {cache}")
     axes[0].figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=7)
     return axes
+
+
+def workload_data(runs: pd.DataFrame, requests: pd.DataFrame, family: str) -> pd.DataFrame:
+    """What :func:`plot_workload` draws, one row per layout at the study's first cache size: ``layout``, ``cache``,
+    ``token_hit_rate`` (fraction), ``ttft_mean_s`` and ``ttft_p50_s`` (seconds, simulated), ``first_miss`` (the
+    segment kind holding most requests' first miss; ``none`` when every prompt token was a hit) and its share."""
+    rows = runs[runs["family"] == family]
+    cache = rows["cache"].iloc[0]
+    rows = rows[rows["cache"] == cache]
+    req = requests[(requests["family"] == family) & (requests["cache"] == cache)]
+    out = []
+    for r in rows.itertuples(index=False):
+        kinds = req.loc[req["layout"] == r.layout, "first_miss"].astype(object)
+        counts = kinds.where(kinds.notna(), "none").value_counts()
+        top = sorted(counts.items(), key=lambda kc: (-kc[1], str(kc[0])))[0] if len(counts) else ("none", 0)
+        out.append({"layout": r.layout, "cache": cache, "token_hit_rate": r.token_hit_rate,
+                    "ttft_mean_s": r.ttft_mean_s, "ttft_p50_s": r.ttft_p50_s, "first_miss": str(top[0]),
+                    "first_miss_share": top[1] / max(len(kinds), 1)})
+    return pd.DataFrame(out)
+
+
+def plot_workload(data: pd.DataFrame, title: str) -> Figure:
+    """A column-wide figure of one workload's layouts (:func:`workload_data`): token hit rate (top; each bar
+    coloured by the segment kind holding most first misses) and TTFT (bottom: mean as bars, p50 as markers, ms of
+    simulated time)."""
+    n = len(data)
+    fig, (top, bottom) = style.figure("column", 2, 1, height=0.36 * n * 2 + 1.5)
+    y = np.arange(n)
+    colors = [KIND_COLORS.get(k, style.REST_COLOR) for k in data["first_miss"]]
+    top.barh(y, data["token_hit_rate"], 0.7, color=colors)
+    top.set_xlim(0, 1)
+    top.set_xlabel("token hit rate (fraction of prompt tokens)")
+    top.set_title(title)
+    bottom.barh(y, data["ttft_mean_s"] * 1e3, 0.7, color=style.PALETTE[6], label="mean")
+    bottom.plot(data["ttft_p50_s"] * 1e3, y, ls="none", marker="o", color="k", ms=3.5, label="p50")
+    bottom.set_xlim(0, None)
+    bottom.set_xlabel("time to first token (ms, simulated)")
+    for ax in (top, bottom):
+        ax.set_yticks(y, data["layout"])
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3, axis="x")
+    from matplotlib.patches import Patch
+
+    kinds = list(dict.fromkeys(data["first_miss"]))
+    handles = [Patch(color=KIND_COLORS.get(k, style.REST_COLOR), label=f"first miss: {k}") for k in kinds]
+    handles += bottom.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=7)
+    return fig

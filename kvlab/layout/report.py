@@ -70,5 +70,51 @@ def boundary_markdown(boundary: pd.DataFrame) -> str:
             f"(a cache loses on average about B / 2 tokens per request to block granularity).")
 
 
-__all__ = ["boundary_markdown", "first_miss_table", "headline_markdown", "layout_table", "markdown_table",
-           "nonprefix_markdown"]
+def first_miss_counts(requests: pd.DataFrame, limit: int = 3) -> str:
+    """The segment kinds holding requests' first miss, most requests first (at most ``limit`` kinds, then ``other``),
+    as ``"volatile 29/30, user 1/30"``; requests with no miss count as ``none``."""
+    kinds = requests["first_miss"].astype(object).where(requests["first_miss"].notna(), "none")
+    counts = kinds.value_counts(sort=False)
+    counts = counts.iloc[sorted(range(len(counts)), key=lambda i: (-counts.iloc[i], str(counts.index[i])))]
+    n = len(requests)
+    shown = [f"{k} {c}/{n}" for k, c in counts.iloc[:limit].items()]
+    if len(counts) > limit:
+        shown.append(f"other {int(counts.iloc[limit:].sum())}/{n}")
+    return ", ".join(shown)
+
+
+def layout_lines(result: LayoutStudyResult, family: str) -> list[str]:
+    """One line per layout (and cache size, named when the study has more than one) of ``family``: token hit
+    rate, mean and p50 TTFT (ms of simulated time) and the segment kinds holding the first misses."""
+    runs = result.runs[result.runs["family"] == family]
+    req = result.requests[result.requests["family"] == family]
+    several = runs["cache"].nunique() > 1
+    width = max(len(str(v)) for v in runs["layout"])
+    lines = []
+    for r in runs.itertuples(index=False):
+        part = req[(req["layout"] == r.layout) & (req["cache"] == r.cache)]
+        cache = f" cache {r.cache}" if several else ""
+        lines.append(f"{r.layout:<{width}}{cache}  hit rate {r.token_hit_rate:.3f}  TTFT mean "
+                     f"{r.ttft_mean_s * 1e3:.1f} ms  p50 {r.ttft_p50_s * 1e3:.1f} ms  first miss: "
+                     f"{first_miss_counts(part)}")
+    return lines
+
+
+def layout_finding(result: LayoutStudyResult, family: str) -> str:
+    """The figure's one-line caption finding for ``family`` (numbers from the runs table): the best and worst
+    layout by hit rate, with their mean TTFT, at the first cache size."""
+    runs = result.runs[result.runs["family"] == family]
+    runs = runs[runs["cache"] == runs["cache"].iloc[0]]
+    best, worst = runs.loc[runs["token_hit_rate"].idxmax()], runs.loc[runs["token_hit_rate"].idxmin()]
+    n = int(runs["requests"].iloc[0])
+    if best["layout"] == worst["layout"] or best["token_hit_rate"] == worst["token_hit_rate"]:
+        return (f"{n} requests: every layout reuses the same share of prompt tokens "
+                f"({best['token_hit_rate']:.3f}); mean TTFT {best['ttft_mean_s'] * 1e3:.1f} ms (simulated).")
+    return (f"{n} requests: {best['layout']} reuses {best['token_hit_rate']:.3f} of the prompt tokens, "
+            f"{worst['layout']} {worst['token_hit_rate']:.3f}; mean TTFT {best['ttft_mean_s'] * 1e3:.1f} ms vs "
+            f"{worst['ttft_mean_s'] * 1e3:.1f} ms (simulated, {result.config.model} on {result.config.hardware}, "
+            f"cache {runs['cache'].iloc[0]}).")
+
+
+__all__ = ["boundary_markdown", "first_miss_counts", "first_miss_table", "headline_markdown", "layout_finding",
+           "layout_lines", "layout_table", "markdown_table", "nonprefix_markdown"]

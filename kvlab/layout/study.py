@@ -7,8 +7,10 @@ Llama-3-8B on the h100 profile by default, LRU, vLLM counting, requests' known o
 Per family x layout x cache size: token hit rate, reused tokens, TTFT (mean, p50, p90; seconds of simulated
 time), the segment kind holding each request's first miss, and the non-prefix reuse bound
 (:func:`kvlab.layout.reuse.nonprefix_bound`). The headline per family is the gap between its best and worst
-layout (:func:`gaps`). Separately, the block-boundary sweep of seed 004 (:func:`kvlab.layout.reuse.boundary_sweep`)
-and, where a checkpoint is configured, the likelihood of reference answers under each layout
+layout (:func:`gaps`). A family may be a researcher's own requests (``family: messages``, a messages file:
+:mod:`kvlab.workload.messages`; ``kvlab layout-study --workload FILE``). Separately, the block-boundary sweep of
+seed 004 (:func:`kvlab.layout.reuse.boundary_sweep`; none with ``boundary: null``) and, where a checkpoint is
+configured, the likelihood of reference answers under each layout
 (:mod:`kvlab.layout.answers`; skipped with its reason otherwise).
 
 Results (kvlab.results layout, reused while the identity matches): ``OUT/<family>/`` with tables ``requests``
@@ -92,15 +94,13 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
     """Run (or, with ``resume``, read back) the study into ``out`` (module docstring)."""
     require_instance(config, LayoutStudyConfig, "config", optional=True)  # a path: LayoutStudyConfig.load(path)
     config = config or LayoutStudyConfig()
-    check_out(out, config)  # a bad location, then a bad tokenizer, refused before the folder is created
-    tokenizer = load_tokenizer(config.tokenizer)
+    check_out(out, config)  # a bad location, a bad tokenizer, then a bad family (a messages file's bad line),
+    tokenizer = load_tokenizer(config.tokenizer)  # each refused before the folder is created
+    generated = {family: config.generate(family) for family in config.families}
     out = prepare_out(out, config)
     parts: dict[str, list[pd.DataFrame]] = {"runs": [], "requests": [], "first_miss": []}
     summaries: dict[str, dict] = {}
-    generated: dict[str, list] = {}
-    for family in config.families:
-        reqs = config.generate(family)
-        generated[family] = reqs
+    for family, reqs in generated.items():
         trace = _trace(family, requests_sha256(reqs), len(reqs), tokenizer)
         cfg = {"study_version": STUDY_VERSION, **config.family_identity(family), "tokenizer": tokenizer.identity()}
         identity = run_identity(cfg, trace)
@@ -113,7 +113,8 @@ def run_study(out: str | Path, config: LayoutStudyConfig | None = None, *, resum
         for name in parts:
             parts[name].append(saved.tables[name])
         summaries[family] = saved.summary
-    boundary = boundary_results(out / "boundary", config, tokenizer, resume=resume)
+    boundary = (pd.DataFrame() if config.boundary is None
+                else boundary_results(out / "boundary", config, tokenizer, resume=resume))
     runs = pd.concat(parts["runs"], ignore_index=True)
     from kvlab.layout.answers import answers_section
 
