@@ -260,6 +260,19 @@ def test_text_under_7_pt_and_a_figure_wider_than_7_2_in_are_caught():
     assert any("wider than 7.2 in" in p for p in problems), problems
 
 
+def test_a_column_figure_whose_text_spills_past_its_print_width_is_caught():
+    fig, ax = style.figure("column")
+    ax.plot([0, 1], [0, 1], **style.series_style(0))
+    ax.set_xlabel("mean orphan blocks held at 10,000 blocks by every policy of both traces (blocks)")
+    problems = layout_problems(fig)
+    assert any("drawn at 3.40 in: text spills out of the print width" in p for p in problems), problems
+
+    fig, ax = style.figure("column")
+    ax.plot([0, 1], [0, 1], **style.series_style(0))
+    ax.set_xlabel("mean orphans (blocks)")
+    assert not [p for p in layout_problems(fig) if "spills" in p]
+
+
 def test_two_series_with_one_style_are_caught_and_unlabelled_rest_lines_are_not():
     fig, ax = style.figure("column")
     ax.plot([0, 1], [0, 0.2], label="lru", **style.policy_style("lru"))

@@ -19,7 +19,9 @@ and the text or series concerned. Checked, at the size the figure is saved (:fun
   labels), that sits inside another panel's plot area, that its clip box cuts, or that falls outside the area
   the figure is saved with.
 * **small text**: any drawn text under :data:`kvlab.plots.style.MIN_FONT_PT` (7 pt); and, separately, a saved
-  figure wider than :data:`kvlab.plots.style.MAX_WIDTH` (7.2 in: it would be shrunk to fit a page).
+  figure wider than :data:`kvlab.plots.style.MAX_WIDTH` (7.2 in: it would be shrunk to fit a page), or more than
+  :data:`SPILL_IN` wider than it was drawn (a 3.4 in column figure saved 3.56 in wide because a label spills out
+  would be shrunk to the column and print its 7 pt text at 6.5 pt).
 * **same style twice**: two labelled lines in one axes with the same colour, marker and dash pattern.
   Unlabelled lines (``_``-prefixed labels, e.g. "the rest" in grey with one legend entry) are exempt.
 
@@ -68,6 +70,12 @@ class _Item:
         return f"{where} {what}"
 
 
+SPILL_IN = 0.1
+"""How far (inches) a saved figure may exceed the width it was drawn at (:func:`kvlab.plots.style.figure`'s 3.4 or
+7.0 in): the paper widths are 3.3-3.5 in (column) and 7.0-7.2 in (full text width), so more than this would be
+shrunk when placed and its text would print below :data:`kvlab.plots.style.MIN_FONT_PT`."""
+
+
 def layout_problems(fig: Figure) -> list[str]:
     """The layout problems of ``fig`` (module docstring), one short line each, in a stable order; ``[]`` when
     there are none. Draws the figure once (``fig.canvas.draw()``); changes nothing else."""
@@ -85,6 +93,9 @@ def layout_problems(fig: Figure) -> list[str]:
     width = fig.get_tightbbox(renderer).width + 2 * style.SAVE_PAD
     if width > style.MAX_WIDTH + 0.005:
         problems.append(f"figure is {width:.2f} in wide when saved: wider than {style.MAX_WIDTH:g} in")
+    elif width > fig.get_figwidth() + SPILL_IN:
+        problems.append(f"figure is {width:.2f} in wide when saved, drawn at {fig.get_figwidth():.2f} in: text spills "
+                        "out of the print width (a column figure would be shrunk below 7 pt)")
     problems += _same_styles(fig, names)
     return problems
 
