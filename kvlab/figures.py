@@ -46,6 +46,7 @@ from kvlab.figures_index import (  # noqa: F401 - the index, re-exported (kvlab.
     write_index,
 )
 from kvlab.inputs import read_text
+from kvlab.needs import AND, DataNeeded, commands_in
 from kvlab.results import atomic_write_file
 
 #: metadata a stored notebook must not carry (widget state, execution timing, papermill's run record)
@@ -62,6 +63,15 @@ NO_WIDGET_PROGRESS = {"PYTHONWARNINGS": "ignore:IProgress not found", "TQDM_DISA
 
 class NotebookError(KvlabError, RuntimeError):
     """A notebook failed while ``kvlab figures`` ran it (names the notebook, the cell and the executed copy)."""
+
+
+class NotebookNeedsData(NotebookError):
+    """A notebook stopped because registry data is not here (:class:`kvlab.needs.DataNeeded`, raised by the
+    ``require(...)`` of its first code cell): ``commands`` are the ``kvlab download`` commands that fetch it."""
+
+    def __init__(self, message: str, commands: list[str]) -> None:
+        super().__init__(message)
+        self.commands = list(commands)
 
 
 @dataclass
@@ -230,9 +240,10 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
     tagged = any("parameters" in c.get("metadata", {}).get("tags", []) for c in source.cells)
     started = time.time()
     failure: str | None = None
+    needs: list[str] = []  # the downloads a notebook that stopped with kvlab.needs.DataNeeded asks for
 
     def execute(tmp: Path) -> None:
-        nonlocal failure
+        nonlocal failure, needs
         try:
             # papermill's notices: the temporary's name does not end in .ipynb; QUICK is computed, not a literal
             with warnings.catch_warnings(), _quiet_logger("papermill"):
@@ -243,6 +254,8 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
                                            execution_timeout=timeout, extra_arguments=KERNEL_ARGUMENTS)
         except PapermillExecutionError as exc:
             failure = f"{_cell_name(source, exc.source, exc.exec_count)} raised {exc.ename}: {printable(exc.evalue)}"
+            if exc.ename == DataNeeded.__name__:
+                needs = commands_in(exc.evalue)
         except (CellTimeoutError, DeadKernelError) as exc:  # the kernel hung or died: papermill marked the cell
             failure = f"{type(exc).__name__}: {printable(str(exc).strip().split(chr(10))[0])}"
         except NoSuchKernel as exc:
@@ -259,7 +272,7 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
                 failure = f"{_cell_name(source, cell.source, cell.get('execution_count'))}: {failure}"
         nb.metadata["kvlab_figures"] = {"notebook": notebook.name, "quick": quick,
                                         "seconds": round(time.time() - started, 3), "started": started,
-                                        "error": failure}
+                                        "error": failure, "needs_download": needs or None}
         nbformat.write(nb, tmp)
 
     # papermill writes into a scratch folder, not the notebook's folder: the kernel's style.save takes that
@@ -270,6 +283,8 @@ def run_notebook(notebook: Path, out: Path, *, quick: bool, executed_dir: Path |
             execute(executed)
         write_owned(target, lambda p: shutil.copyfile(executed, p), flag="--executed" if executed_dir else "--out")
     seconds = time.time() - started
+    if needs:
+        raise NotebookNeedsData(f"{notebook}: {(failure or '').replace(f' raised {DataNeeded.__name__}:', '')}", needs)
     if failure is not None:
         raise NotebookError(f"{notebook}: {failure} (after {seconds:.0f} s; the executed notebook with the "
                             f"traceback: {target})")
@@ -364,7 +379,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else default_out(args.quick)
     prepare_targets(notebooks, out, args.executed)
     runs: list[NotebookRun] = []
-    failures: list[str] = []
+    failures: dict[str, list[str]] = {}  # notebook -> the downloads it needs ([]: it failed otherwise)
     try:
         for nb in notebooks:
             print(f"{nb.stem}: running ({'quick' if args.quick else 'full'} mode) ...", flush=True)
@@ -373,8 +388,8 @@ def cmd_figures(args: argparse.Namespace) -> int:
             except NotebookError as exc:
                 if not args.keep_going:
                     raise
-                failures.append(nb.stem)
-                print(f"{nb.stem}: failed: {exc}", flush=True)
+                failures[nb.stem] = exc.commands if isinstance(exc, NotebookNeedsData) else []
+                print(f"{nb.stem}: {'stopped' if failures[nb.stem] else 'failed'}: {exc}", flush=True)
                 continue
             runs.append(run)
             print(f"{nb.stem}: {len(run.figures)} figures in {run.seconds:.1f} s", flush=True)
@@ -384,9 +399,16 @@ def cmd_figures(args: argparse.Namespace) -> int:
         write_index(out, args.quick, args.executed)
     _print_summary(runs, out)
     if failures:
-        raise NotebookError(f"{len(failures)} of {len(notebooks)} notebooks failed: {', '.join(failures)} "
-                            f"(each one's error above and in {out / 'index.md'})")
+        raise NotebookError(failures_line(failures, len(notebooks), out))
     return 0
+
+
+def failures_line(failures: dict[str, list[str]], total: int, out: Path) -> str:
+    """The closing line of ``kvlab figures --keep-going``: every notebook that did not run through, each with the
+    downloads it needs (``00_quickstart needs: kvlab download mooncake_conversation``) or ``failed``."""
+    parts = [f"{nb} needs: {AND.join(cmds)}" if cmds else f"{nb} failed" for nb, cmds in failures.items()]
+    return (f"{len(failures)} of {total} notebooks did not run through: {'; '.join(parts)} "
+            f"(each one's error above and in {out / 'index.md'})")
 
 
 def _print_summary(runs: list[NotebookRun], out: Path) -> None:
@@ -401,7 +423,7 @@ def _print_summary(runs: list[NotebookRun], out: Path) -> None:
     print(f"index: {out / 'index.md'}")
 
 
-__all__ = ["INDEX_FILES", "INDEX_KIND", "NotebookError", "NotebookRun", "add_parser", "build_index",
-           "caption_problems", "check_targets", "data_digests", "default_out", "executed_path", "figure_records",
-           "kernel_environment", "machine", "machine_text", "prepare_targets", "read_notebook", "run_notebook",
-           "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]
+__all__ = ["INDEX_FILES", "INDEX_KIND", "NotebookError", "NotebookNeedsData", "NotebookRun", "add_parser",
+           "build_index", "caption_problems", "check_targets", "data_digests", "default_out", "executed_path",
+           "failures_line", "figure_records", "kernel_environment", "machine", "machine_text", "prepare_targets",
+           "read_notebook", "run_notebook", "select_notebooks", "strip_notebook", "stripped_problems", "write_index"]

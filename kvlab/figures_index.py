@@ -133,7 +133,7 @@ def build_index(out: Path, quick: bool, executed_dir: Path | None = None) -> dic
             continue
         notebooks.append({"notebook": folder.name, "executed": os.path.relpath(path, out) if run else None,
                           "quick": run.get("quick"), "seconds": run.get("seconds"), "error": run.get("error"),
-                          "figures": figures})
+                          "needs_download": run.get("needs_download"), "figures": figures})
     total = sum(nb["seconds"] or 0.0 for nb in notebooks)
     return {"kind": INDEX_KIND, "quick": quick, "machine": machine(), "total_seconds": round(total, 3),
             "notebooks": notebooks}
@@ -160,7 +160,10 @@ def index_markdown(index: dict[str, Any]) -> str:
     for nb in index["notebooks"]:
         secs = f", {nb['seconds']:.0f} s" if nb.get("seconds") is not None else ""
         lines += [f"## {nb['notebook']}{secs}", ""]
-        if nb.get("error"):
+        if nb.get("needs_download"):
+            commands = "`, `".join(nb["needs_download"])
+            lines += [f"**Needs data** (stopped, nothing drawn): `{commands}`", ""]
+        elif nb.get("error"):
             lines += [f"**Failed:** {nb['error']}", ""]
         lines += ["| figure | finding | config | trace | files |", "|---|---|---|---|---|"]
         for f in nb["figures"]:
