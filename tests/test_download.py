@@ -135,7 +135,7 @@ def test_download_checksum_mismatch(server, isolated, monkeypatch, field, value,
     msg = str(ei.value)
     assert "checksum mismatch" in msg and url in msg and what in msg and "place it at" in msg
     assert not cache.exists() or list(cache.iterdir()) == []
-    assert list(landed(tmp_path).parent.iterdir()) == []  # neither the file nor a .part remains
+    assert not (tmp_path / "repo" / "traces").exists()  # no file, no .part, no folder the call created
 
 
 def test_download_404(server, isolated, monkeypatch):

@@ -27,6 +27,7 @@ load hashes nothing. Network or HTTP failures and checksum mismatches of a downl
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -283,24 +284,40 @@ def download(
         if local is not None:
             return local
     if cache_dir is not None:
-        folder = check_folder(Path(cache_dir), "--cache-dir (cache_dir=)", create=True)
+        folder, source = Path(cache_dir), "--cache-dir (cache_dir=)"
     else:
-        group = entry.get("group") or ""
-        folder = check_folder(repo_traces_dir() / group, "the repository's traces folder", create=True)
+        folder, source = repo_traces_dir() / (entry.get("group") or ""), "the repository's traces folder"
     dest = folder / entry["filename"]
     members = _members(entry)
-    if members is None:
-        return _fetch_one(entry["url"], dest, entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix"),
-                          progress, timeout, cache_dir)
-    check_folder(dest, "the download folder", create=True)
-    for member, m in members.items():
-        target = dest / member
-        if not force and target.is_file():
-            _verify_file(name, target, m["size"], m["sha256"], None, cache_dir)
-            continue
-        _fetch_one(f"{entry['url'].rstrip('/')}/{member}", target, m["size"], m["sha256"], None, progress, timeout,
-                   cache_dir)
-    return dest
+    made = _new_folders(dest if members is not None else folder)
+    try:
+        check_folder(folder, source, create=True)
+        if members is None:
+            return _fetch_one(entry["url"], dest, entry.get("size"), entry.get("sha256"), entry.get("sha256_prefix"),
+                              progress, timeout, cache_dir)
+        check_folder(dest, "the download folder", create=True)
+        for member, m in members.items():
+            target = dest / member
+            if not force and target.is_file():
+                _verify_file(name, target, m["size"], m["sha256"], None, cache_dir)
+                continue
+            _fetch_one(f"{entry['url'].rstrip('/')}/{member}", target, m["size"], m["sha256"], None, progress,
+                       timeout, cache_dir)
+        return dest
+    except BaseException:
+        for made_folder in made:  # deepest first: only the empty folders this call created
+            with contextlib.suppress(OSError):
+                made_folder.rmdir()
+        raise
+
+
+def _new_folders(path: Path) -> list[Path]:
+    """The folders on the way to ``path`` (itself included) that do not exist yet, deepest first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
 
 
 def _fetch_one(url: str, dest: Path, size: int | None, sha256: str | None, prefix: str | None,
