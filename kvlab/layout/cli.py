@@ -153,9 +153,10 @@ def _workload_study(args: argparse.Namespace) -> int:
     result = run_study(out, config, resume=not args.no_resume, progress=not args.quiet)
     n = int(result.runs["requests"].iloc[0])
     tok = result.summaries[WORKLOAD_FAMILY]["tokenizer"]
+    caches = ", ".join(f"{c} ({b:,} blocks)" if c == "device pool" else c
+                       for c, b in dict(zip(result.runs["cache"], result.runs["cache_blocks"], strict=True)).items())
     print(f"layout study of {args.workload}: {n} requests, tokenizer {tok['tokenizer']}, {config.model} on "
-          f"{config.hardware}, cache {result.runs['cache'].iloc[0]} ({int(result.runs['cache_blocks'].iloc[0]):,} "
-          f"blocks of {config.block_size} tokens), results in {out}")
+          f"{config.hardware}, cache {caches} of {config.block_size} tokens each, results in {out}")
     for line in layout_lines(result, WORKLOAD_FAMILY):
         print(line)
     _warn_rejected(result.runs)
