@@ -324,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--limit", type=int, default=None, help="use only the first N requests")
         sp.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the trace's, or 16)")
         sp.add_argument("--hash", default="xxh3_128", help="block-hash scheme (sha256, xxh3_128, xxh3_64, builtin)")
+        sp.add_argument("--tokenizer", default=None, metavar="SPEC",
+                        help="tokenizer of a text trace (native JSONL/Parquet 'text' records, messages files): "
+                             "kvlab-bpe (the default), byte, tekken (kvlab tokenizer fetch tekken), a name trained "
+                             "with kvlab tokenizer train, a rank file, or a Hugging Face folder or cached name "
+                             "(docs/cli.md)")
 
     trace = sub.add_parser("trace", parents=[common], help="trace tools").add_subparsers(
         dest="trace_command", required=True, parser_class=_Parser)

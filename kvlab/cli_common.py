@@ -18,13 +18,29 @@ def selection(trace: str, args: argparse.Namespace):
     return TraceSelection(trace=str(trace), format=args.format, limit=args.limit)
 
 
-def load(args: argparse.Namespace, trace: str | None = None):
-    """Load ``trace`` (default: ``args.trace``) and keep its first ``--limit`` requests."""
-    from kvlab.workload import load_trace
+def load(args: argparse.Namespace, trace: str | None = None, *, refuse_unused: bool = True):
+    """Load ``trace`` (default: ``args.trace``), its text tokenised with ``--tokenizer`` (default kvlab-bpe,
+    loaded only for text: kvlab.workload.trace_tokenizer), and keep its first ``--limit`` requests.
+
+    ``args.tokenizer_used`` becomes True once a load tokenised text. An explicit ``--tokenizer`` that this
+    load did not use is refused (one line: nothing uses it) unless ``refuse_unused`` is False (``kvlab sweep``
+    checks that some trace used it)."""
+    from kvlab.workload.trace_tokenizer import load_trace_with
 
     sel = selection(trace if trace is not None else args.trace, args)
-    workload = load_trace(sel.trace, format=sel.format)
+    spec = getattr(args, "tokenizer", None)
+    workload, used = load_trace_with(sel.trace, format=sel.format, tokenizer=spec)
+    args.tokenizer_used = used or bool(getattr(args, "tokenizer_used", False))
+    if spec is not None and refuse_unused and not used:
+        refuse_unused_tokenizer(spec, [sel.trace])
     return workload.head(sel.limit) if sel.limit is not None else workload
+
+
+def refuse_unused_tokenizer(spec: str, traces: list[str]) -> None:
+    """``--tokenizer`` given but no trace held text: one ConfigError line (as ``--model`` with nothing using it)."""
+    which = ", ".join(str(t) for t in traces)
+    raise ConfigError(f"--tokenizer {spec}: {which} holds no text (its prompts are token ids or block hashes); "
+                      "nothing uses the tokenizer: leave --tokenizer out")
 
 
 def policy_params(items: list[str]) -> dict:

@@ -183,7 +183,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Every trace x policy x capacity x mode x tier sizes; one folder per trace (a safe name) plus a
     combined table."""
-    from kvlab.cli_common import load, selection
+    from kvlab.cli_common import load, refuse_unused_tokenizer, selection
     from kvlab.results import check_output_location
     from kvlab.sweep import run_sweeps
 
@@ -191,7 +191,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         selection(trace, args)
     configs = replay_configs(args)
     check_output_location(args.out, kind="sweeps")
-    workloads = [load(args, trace) for trace in args.traces]  # every trace validated before the first run
+    workloads = [load(args, trace, refuse_unused=False) for trace in args.traces]  # all checked before any run
+    if args.tokenizer is not None and not args.tokenizer_used:
+        refuse_unused_tokenizer(args.tokenizer, args.traces)
     if args.capacity_gib is not None:
         configs = _gib_configs(args, workloads)
     table = run_sweeps(workloads, configs, args.out, resume=not args.no_resume, progress=not args.quiet)

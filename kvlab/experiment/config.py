@@ -112,15 +112,18 @@ class TraceSpec(Section):
     replacement by ``numpy.random.default_rng(resample_seed)`` (kvlab.analysis.resample_sessions, duplicates
     isolated). ``resample_by``: the sessions: ``session`` (the trace's session column), ``prefix``
     (kvlab.analysis.prefix_groups: requests sharing their first two prompt values), ``auto`` (the session
-    column if the trace has one, else prefix groups)."""
+    column if the trace has one, else prefix groups). ``tokenizer``: the tokenizer of a text trace (a
+    kvlab.workload.tokenizer.load_tokenizer spec: kvlab-bpe, byte, tekken, a trained name, a file or folder;
+    None: kvlab-bpe when the trace holds text); :func:`load_experiment` checks that it is here."""
 
     path: Annotated[str, Field(min_length=1)]
     format: TraceFormat | None = None
     limit: PositiveInt | None = None
     resample_seed: Seed | None = None
     resample_by: Literal["auto", "session", "prefix"] = "auto"
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
 
-    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto"}
+    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto", "tokenizer": None}
 
     @model_validator(mode="after")
     def _resample_by_needs_a_seed(self) -> TraceSpec:
@@ -424,9 +427,29 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
             if not Path(part[field]).is_absolute() and candidate.exists():
                 data = {**data, section: {**part, field: str(candidate)}}
     try:
-        return Experiment(**data)
+        experiment = Experiment(**data)
+        check_tokenizers(experiment)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    return experiment
+
+
+def check_tokenizers(experiment: Experiment) -> None:
+    """ConfigError naming ``trace.tokenizer`` (or its sweep axis) unless every tokenizer the experiment names is
+    here (kvlab.workload.tokenizer.check_spec: a missing ``tekken`` names ``kvlab tokenizer fetch tekken``);
+    checked without loading, before any run."""
+    from kvlab.workload.tokenizer import check_spec
+
+    specs = {("trace.tokenizer", experiment.trace.tokenizer)}
+    for kind, axes in (("grid", experiment.sweep.grid), ("zip", experiment.sweep.zip)):
+        values = axes.get("trace.tokenizer") or []
+        specs.update((f"sweep.{kind}.trace.tokenizer", v) for v in values if isinstance(v, str))
+    for field, spec in sorted(specs, key=lambda fs: (fs[0], str(fs[1]))):
+        if spec is not None:
+            try:
+                check_spec(spec)
+            except ConfigError as exc:
+                raise ConfigError(f"{field}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -523,4 +546,5 @@ def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int
 
 __all__ = ["CAPACITY_FIELDS", "DRIVERS", "MAX_POINTS", "RESERVED_NAMES", "SIM_FIELDS", "AnalysisSpec", "CacheSpec",
            "EngineSpec", "Experiment", "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "check_size",
-           "count_points", "engine_model_config", "expand", "iter_points", "load_experiment", "points"]
+           "check_tokenizers", "count_points", "engine_model_config", "expand", "iter_points", "load_experiment",
+           "points"]

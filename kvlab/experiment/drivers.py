@@ -3,7 +3,8 @@
 The three drivers share the cache core: ``replay`` (kvlab.replay), ``simulate`` (kvlab.sim, simulated time) and
 ``engine`` (kvlab.sim.run_engine_serving: the simulator's scheduler driving the real engine, measured time).
 A run's identity (kvlab.results.identity) is its resolved driver config and its workload's content, so a trace
-transform (``trace.limit``, ``trace.resample_seed``) changes the run id exactly when it changes the requests.
+transform (``trace.limit``, ``trace.resample_seed``) or the tokenizer of a text trace (``trace.tokenizer``)
+changes the run id exactly when it changes the requests (a hash trace's ids never depend on it).
 An engine run's identity also holds the whole ``engine:`` section; its times are measurements (wall or thread
 seconds) and are not reproducible, which its manifest says.
 """
@@ -47,21 +48,23 @@ def _file_stamp(path: str) -> tuple | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _workload(path: str, format: str | None, limit: int | None, stamp: tuple | None = None) -> Workload:
-    """The trace of a run, loaded once per process and file version (``stamp``: :func:`_file_stamp`)."""
-    from kvlab.workload import load_trace
+def _workload(path: str, format: str | None, limit: int | None, stamp: tuple | None = None,
+              tokenizer: str | None = None) -> Workload:
+    """The trace of a run, loaded once per process and file version (``stamp``: :func:`_file_stamp`); text
+    tokenised with ``tokenizer`` (``trace.tokenizer``; None: kvlab-bpe, loaded only for text)."""
+    from kvlab.workload.trace_tokenizer import load_trace_with
 
-    workload = load_trace(path, format=format)
+    workload, _ = load_trace_with(path, format=format, tokenizer=tokenizer, field="trace.tokenizer")
     return workload.head(limit) if limit is not None else workload
 
 
 @functools.lru_cache(maxsize=16)
 def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: str,
-               stamp: tuple | None = None) -> Workload:
+               stamp: tuple | None = None, tokenizer: str | None = None) -> Workload:
     """One session resample of a trace (kvlab.analysis.resample_sessions), deterministic given ``seed``."""
     from kvlab.analysis.resample import prefix_groups, resample_sessions
 
-    workload = _workload(path, format, limit, stamp)
+    workload = _workload(path, format, limit, stamp, tokenizer)
     if by == "session" and workload.session is None:
         raise ConfigError(f"trace.resample_by: trace {path} has no session column; allowed here: 'prefix' or 'auto' "
                           "(requests sharing their first two prompt values form a session)")
@@ -70,12 +73,13 @@ def _resampled(path: str, format: str | None, limit: int | None, seed: int, by: 
 
 
 def workload_of(run: Experiment) -> Workload:
-    """The run's requests: the trace, its first ``limit``, then its session resample when ``resample_seed`` is set."""
+    """The run's requests: the trace (text tokenised with ``trace.tokenizer``), its first ``limit``, then its
+    session resample when ``resample_seed`` is set."""
     t = run.trace
     stamp = _file_stamp(t.path)
     if t.resample_seed is None:
-        return _workload(t.path, t.format, t.limit, stamp)
-    return _resampled(t.path, t.format, t.limit, t.resample_seed, t.resample_by, stamp)
+        return _workload(t.path, t.format, t.limit, stamp, t.tokenizer)
+    return _resampled(t.path, t.format, t.limit, t.resample_seed, t.resample_by, stamp, t.tokenizer)
 
 
 def block_size_of(run: Experiment, workload: Workload) -> int:
