@@ -79,6 +79,18 @@ def test_sweep_and_simulate_take_the_tokenizer(text_trace, token_trace, tmp_path
     assert read_manifest(tmp_path / "sim")["trace"]["tokenizer"]["tokenizer"] == "byte"
 
 
+def test_a_messages_file_gets_the_tokenizer(tmp_path):
+    path = tmp_path / "msgs.jsonl"
+    rows = [{"messages": [{"role": "system", "content": SYSTEM * 4},
+                          {"role": "user", "content": f"Question {i}: where is order {i}?"}], "arrival": i}
+            for i in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    byte = replay(path, tmp_path / "byte", "--tokenizer", "byte")
+    default = replay(path, tmp_path / "default")
+    assert byte["trace"]["tokenizer"]["tokenizer"] == "byte"
+    assert default["trace"]["tokenizer"]["tokenizer"] == "kvlab-bpe-16384" and byte["run_id"] != default["run_id"]
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("no-such-tokenizer", "--tokenizer: tokenizer 'no-such-tokenizer': not a kvlab tokenizer"),
     ("tekken", "run `kvlab tokenizer fetch tekken`"),
