@@ -39,8 +39,7 @@ def test_gpu_check_runs_every_section_tiny_on_cpu(tmp_path):
     assert rep["kind"] == "kvlab.gpu_check" and rep["complete"] and rep["shape"] == "tiny-llama"
     sec = rep["sections"]
     assert list(sec) == SECTIONS and all(s["status"] == "ok" for s in sec.values())
-    assert all(0 <= s["elapsed_s"] <= s["budget_s"] for s in sec.values())
-    assert rep["elapsed_s"] < 120  # "well under a minute" on a free machine; slack for a shared CI box
+    assert all(s["elapsed_s"] >= 0 and s["budget_s"] > 0 for s in sec.values())  # recorded; no time decides a pass
 
     env = sec["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["transformers"] and env["peak_flops"] > 0

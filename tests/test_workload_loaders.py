@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -96,10 +95,7 @@ def assert_same(a: Workload, b: Workload) -> None:
 )
 def test_mooncake_reproduces_fast25_table2(shared_file, fname, n, mean_in, mean_out):
     path = shared_file(f"mooncake/{fname}")
-    t = time.perf_counter()
     w = load_mooncake(path)
-    elapsed = time.perf_counter() - t
-    assert elapsed < 2.0  # ~0.25 s measured for the conversation trace; generous for loaded CI machines
     assert len(w) == n
     assert round(float(w.input_length.mean()), 2) == mean_in
     assert round(float(w.output_length.mean()), 2) == mean_out
