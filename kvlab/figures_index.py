@@ -165,7 +165,8 @@ def index_markdown(index: dict[str, Any]) -> str:
             lines += [f"**Needs data** (stopped, nothing drawn): `{commands}`", ""]
         elif nb.get("error"):
             lines += [f"**Failed:** {nb['error']}", ""]
-        lines += ["| figure | finding | config | trace | files |", "|---|---|---|---|---|"]
+        if nb["figures"]:
+            lines += ["| figure | finding | config | trace | files |", "|---|---|---|---|---|"]
         for f in nb["figures"]:
             finding = f["finding"] or ""
             if f["needs_download"]:
