@@ -244,8 +244,9 @@ def print_summary(rows: list[dict], extra: list[str] | tuple[str, ...] = ()) -> 
                 v = int(v)  # a table column with gaps (runs without that tier) is float
             cells.append("-".rjust(w) if _missing(v) else f"{v:>{w}.4f}" if isinstance(v, float) else f"{v!s:>{w}}")
         print("  ".join(cells))
-    for row in rows:
-        if row.get("rejected_requests"):
-            print(f"note: {row['rejected_requests']:,} of {row.get('requests', '?'):,} requests rejected at "
-                  f"capacity {row.get('capacity_blocks')} blocks (a prompt larger than the cache is never served; "
-                  f"hit rates count their prompt tokens as misses)")
+    notes = dict.fromkeys(  # one line per distinct note: the policies of one trace and capacity reject alike
+        f"note: {row['rejected_requests']:,} of {row.get('requests', '?'):,} requests rejected at capacity "
+        f"{row.get('capacity_blocks')} blocks (a prompt larger than the cache is never served; hit rates count their "
+        "prompt tokens as misses)" for row in rows if row.get("rejected_requests"))
+    for note in notes:
+        print(note)
