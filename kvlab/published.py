@@ -25,6 +25,7 @@ from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.sim.profiles import load_model
 from kvlab.stats import trace_stats
+from kvlab.units import GIB
 from kvlab.workload.load import load_trace
 from kvlab.workload.registry import TRACES, download_command, find_local
 from kvlab.workload.workload import Workload, from_lists
@@ -138,7 +139,7 @@ def _seeds() -> list[Cell]:
     for model, v, line in (("llama-2-7b", 524_288, 98), ("llama-3-8b", 131_072, 140)):
         out.append(Cell(f"seed003/kv/{model}", "seed 003", "text", model, "KV bytes per token (16-bit)",
                         "kv_bytes_per_token", v, "bytes", 1, f"{SEED003}, line {line}", {"model": model}))
-    for tokens, seqs, v, prec, line in ((4_096, 1, 2 * 2**30, 1, 98), (4_096, 8, 16 * 2**30, 1, 140),
+    for tokens, seqs, v, prec, line in ((4_096, 1, 2 * GIB, 1, 98), (4_096, 8, 16 * GIB, 1, 140),
                                         (16_384, 8, 68.7e9, 0.1e9, 117)):
         out.append(Cell(f"seed003/kv/llama-2-7b/{tokens}x{seqs}", "seed 003", "text", "llama-2-7b",
                         f"KV bytes, {tokens:,} tokens × {seqs} sequences", "kv_bytes", v, "bytes", prec,

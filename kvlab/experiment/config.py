@@ -54,6 +54,7 @@ from kvlab.schema import (
     check_policy_params,
 )
 from kvlab.tiers.spec import Tier, check_tiers
+from kvlab.units import GIB
 
 DRIVERS = ("replay", "simulate", "engine")
 #: fields of the simulator (kvlab.sim.SimConfig) an experiment may set under ``simulate:``
@@ -61,7 +62,6 @@ SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"
               "tensor_parallel", "dtype", "kv_dtype", "cache_at", "fast_forward", "instances", "router",
               "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s", "kv_layout")
 CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
-GIB = 1 << 30
 #: the most sweep points an experiment may have unless raised (``kvlab run --max-points``, ``max_points=``)
 MAX_POINTS = 100_000
 #: names an experiment may not take: each is a folder (or file) kvlab writes under RESULTS itself, or one its

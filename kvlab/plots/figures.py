@@ -30,6 +30,7 @@ from kvlab.plots.serving import plot_memory_timeline, plot_ttft_cdf, plot_ttft_v
 from kvlab.plots.tiers import plot_tier_breakdown
 from kvlab.results.owned import check_folder
 from kvlab.results.runs import varying_columns
+from kvlab.units import GIB
 
 #: kind -> what the figure shows (the caption's ``shows``)
 KINDS = {
@@ -150,7 +151,7 @@ def capacity_axis(table: pd.DataFrame) -> tuple[pd.DataFrame, str, str, dict]:
             per_block = kv_bytes_per_block(str(models[0]), int(table["cache.block_size"].iloc[0]))
         except (KvlabError, OSError, ValueError):  # not a model profile (e.g. the engine's shape): blocks
             return table, blocks, "capacity (blocks, log scale)", {}
-        table = table.assign(capacity_gib=table[blocks] * per_block / 2**30)
+        table = table.assign(capacity_gib=table[blocks] * per_block / GIB)
         x = "capacity_gib"
     else:
         return table, blocks, "capacity (blocks, log scale)", {}

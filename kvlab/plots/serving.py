@@ -17,10 +17,10 @@ from matplotlib.axes import Axes
 from kvlab.analysis.breakdowns import admitted_values
 from kvlab.plots import style
 from kvlab.plots.capacity import draw_series, legend_below
+from kvlab.units import GIB, MS_PER_S
 
 #: TTFT axis units: name -> factor from seconds
-TIME_UNITS = {"s": 1.0, "ms": 1e3}
-GIB = 2**30
+TIME_UNITS = {"s": 1.0, "ms": MS_PER_S}
 
 
 def ttft_values(requests: pd.DataFrame) -> np.ndarray:

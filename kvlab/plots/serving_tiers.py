@@ -16,13 +16,13 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter
 
 from kvlab.plots import style
+from kvlab.units import GIB, TIB
 
 LOAD_STYLE = ((style.PALETTE[0], "-"), (style.PALETTE[3], "--"), (style.PALETTE[2], ":"))
 STAT_MARKER = {"ttft_mean_s": ("o", "mean"), "ttft_p90_s": ("s", "p90")}
 SPLIT = (("queue_mean_s", "queueing", style.PALETTE[6]), ("load_mean_s", "load (waiting for KV)", style.PALETTE[1]),
          ("compute_mean_s", "compute (prefill steps)", style.PALETTE[0]))
 PATH_STYLE = style.PALETTE[:7]
-GIB, TIB = 2**30, 2**40
 
 
 def byte_unit(largest: float) -> tuple[str, float]:

@@ -17,11 +17,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from kvlab.plots import style
+from kvlab.units import TIB
 
 LEVEL_COLORS = style.TIER_COLORS
 LEVEL_LABELS = {"device": "device (HBM)", "dram": "host DRAM", "ssd": "NVMe SSD", "pool": "shared pool"}
 WRITE_STYLE = {"write_through": (style.PALETTE[3], "o"), "write_back": (style.PALETTE[0], "s")}
-TIB = 2**40
 
 
 def save_figure(fig: Figure, folder: str | Path, name: str, dpi: int = style.DPI) -> list[Path]:

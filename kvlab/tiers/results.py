@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvlab.tiers.spec import Tier
 from kvlab.tiers.stack import TierCounters
+from kvlab.units import GIB
 
 #: the per-request column of the device's hit tokens; a lower tier's is ``hit_tokens_<name>``
 DEVICE_COLUMN = "hit_tokens_device"
@@ -77,7 +78,7 @@ def tier_summary(frame: pd.DataFrame, counters: Sequence[TierCounters], tiers: S
         out.append({
             "name": t.name,
             "capacity_blocks": t.capacity_blocks,
-            "capacity_gib": t.capacity_blocks * per_block / (1 << 30) if per_block else t.capacity_gib,
+            "capacity_gib": t.capacity_blocks * per_block / GIB if per_block else t.capacity_gib,
             "policy": t.policy,
             "write": t.write,
             "selective_hits": t.selective_hits if t.write == "write_through_selective" else None,

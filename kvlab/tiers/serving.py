@@ -40,6 +40,7 @@ from kvlab.cache.manager import KVCacheManager
 from kvlab.errors import ConfigError
 from kvlab.tiers.stack import TierHits, TierStack
 from kvlab.tiers.timing import TierTiming, overlapped_end
+from kvlab.units import GIB
 
 PREFETCH = ("off", "best_effort", "wait_complete", "timeout")
 #: ``load_decision`` labels: nothing found below the device; all found loaded; a prefix loaded; none loaded
@@ -389,7 +390,7 @@ def tier_results(frame, timeseries, summary: dict, requests: Sequence, servings:
     for entry, t in zip(out["tiers"], tiers, strict=True):  # bytes from the served model's profile
         written = entry["blocks_stored"] * block_bytes
         read = entry["loaded_tokens"] // block_size * block_bytes
-        entry.update(capacity_gib=t.capacity_blocks * block_bytes / (1 << 30), bytes_written=written,
+        entry.update(capacity_gib=t.capacity_blocks * block_bytes / GIB, bytes_written=written,
                      bytes_read=read, write_amplification=written / read if read else None)
     summary.update(out)
     done = frame[frame["admitted"]]

@@ -33,6 +33,7 @@ from kvlab.schema import (
     check_policy_name,
     check_policy_params,
 )
+from kvlab.units import GIB
 
 WriteMode = Literal["write_through", "write_through_selective", "write_back"]
 Inclusion = Literal["none", "inclusive", "exclusive"]
@@ -140,7 +141,7 @@ class Tier(Schema):
         if not kv_bytes_per_block:
             raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} needs a model (--model) for the KV "
                               "bytes per block")
-        blocks = math.floor(self.capacity_gib * (1 << 30) / kv_bytes_per_block)
+        blocks = math.floor(self.capacity_gib * GIB / kv_bytes_per_block)
         if not 1 <= blocks <= MAX_CAPACITY_BLOCKS:
             raise ConfigError(f"tier {self.name!r}: gib={self.capacity_gib} is {blocks} blocks of "
                               f"{kv_bytes_per_block} bytes; must be in [1, {MAX_CAPACITY_BLOCKS}]")

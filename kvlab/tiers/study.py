@@ -33,6 +33,7 @@ from kvlab.replay import ReplayConfig, encode
 from kvlab.results import build_manifest, is_complete, read_results, run_id, run_identity, safe_name, write_results
 from kvlab.tiers.cluster import ClusterResult, replay_cluster
 from kvlab.tiers.spec import Tier
+from kvlab.units import GIB, TIB
 from kvlab.workload.workload import Workload
 
 #: bumped when the study's numbers change for the same config (stale result folders are recomputed)
@@ -71,10 +72,10 @@ class Node:
         """The node in numbers: device blocks and GiB, KV bytes per token and block, tier sizes."""
         per_block = self.kv_bytes_per_block()
         blocks = self.device_blocks()
-        return {**asdict(self), "device_blocks": blocks, "device_gib": blocks * per_block / 2**30,
+        return {**asdict(self), "device_blocks": blocks, "device_gib": blocks * per_block / GIB,
                 "kv_bytes_per_token": per_block // self.block_size, "kv_bytes_per_block": per_block,
-                "dram_blocks": int(self.dram_gib * 2**30 // per_block),
-                "ssd_blocks": int(self.ssd_gib * 2**30 // per_block)}
+                "dram_blocks": int(self.dram_gib * GIB // per_block),
+                "ssd_blocks": int(self.ssd_gib * GIB // per_block)}
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def study_workload(workload: Workload, config: StudyConfig, *, progress: bool = 
     footprint = int(encoded.num_keys) * node["kv_bytes_per_block"]
     summary = {
         "trace": workload.name, "requests": len(workload), "prompt_tokens": int(encoded.prompt_tokens.sum()),
-        "distinct_blocks": int(encoded.num_keys), "footprint_gib": footprint / 2**30,
+        "distinct_blocks": int(encoded.num_keys), "footprint_gib": footprint / GIB,
         "ideal_hit_rate": float(runs_f["ideal_hit_rate"].iloc[0]), "node": node, "config": config.to_dict(),
         "targets": targets.to_dict("records"), "replays": len(done), "seconds": time.perf_counter() - t0,
     }
@@ -279,10 +280,10 @@ def _tier_row(t: dict, nodes: int) -> dict:
             "stores_never_loaded", "evictions", "resident_blocks", "ever_full", "bytes_written", "bytes_read",
             "write_amplification", "shared", "capacity_blocks", "capacity_bytes")
     row = {"tier": t["name"], **{k: t[k] for k in keep}}
-    row["capacity_gib"] = t["capacity_bytes"] / 2**30
+    row["capacity_gib"] = t["capacity_bytes"] / GIB
     copies = 1 if t["shared"] else nodes
     row["total_gib"] = row["capacity_gib"] * copies
-    row["resident_gib"] = t["resident_blocks"] * t["capacity_bytes"] / t["capacity_blocks"] / 2**30
+    row["resident_gib"] = t["resident_blocks"] * t["capacity_bytes"] / t["capacity_blocks"] / GIB
     row["fill"] = t["resident_blocks"] / (t["capacity_blocks"] * copies)
     row["never_loaded_share"] = t["stores_never_loaded"] / t["blocks_stored"] if t["blocks_stored"] else None
     return row
@@ -363,8 +364,8 @@ def study_tables(result: StudyResult) -> dict[str, pd.DataFrame]:
         runs[runs["section"] == "write_policy"][["trace", "write", "token_hit_rate"]], on=["trace", "write"])
     write = pd.DataFrame({
         "trace": wp["trace"], "write": wp["write"], "token hit rate": wp["token_hit_rate"], "tier": wp["tier"],
-        "hit share": wp["hit_share"], "written TiB": wp["bytes_written"] / 2**40,
-        "read TiB": wp["bytes_read"] / 2**40, "write amp.": wp["write_amplification"],
+        "hit share": wp["hit_share"], "written TiB": wp["bytes_written"] / TIB,
+        "read TiB": wp["bytes_read"] / TIB, "write amp.": wp["write_amplification"],
         "never loaded": wp["never_loaded_share"], "evicted unread": wp["stores_never_read"] / wp["blocks_stored"],
         "ever full": wp["ever_full"]})
     tg = result.targets

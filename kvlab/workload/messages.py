@@ -39,6 +39,7 @@ from typing import Any
 
 from kvlab.arguments import unicode_problem
 from kvlab.errors import ConfigError, TraceFormatError
+from kvlab.units import GIB
 from kvlab.workload._common import (
     MAX_REQUEST_TOKENS,
     check_regular_file,
@@ -71,7 +72,7 @@ MAX_MESSAGES_REQUESTS = 100_000
 :data:`kvlab.layout.config.MAX_FAMILY_REQUESTS`): every layout renders and tokenises each request."""
 MAX_ARRIVAL_S = 1e12
 """The latest arrival accepted (seconds; about 31,700 years): finite, and exact to the microsecond."""
-MAX_MESSAGES_BYTES = 1 << 30
+MAX_MESSAGES_BYTES = GIB
 """The largest messages file read (1 GiB): it is read whole, and its text is held while it is rendered."""
 CATEGORY = "messages"
 
