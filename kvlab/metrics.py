@@ -7,6 +7,7 @@ Input: a requests frame with at least :data:`SUMMARY_INPUTS` (``prompt_tokens``,
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -69,6 +70,40 @@ def breakdown(requests: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
         row.update(dict(zip([by] if isinstance(by, str) else by, keys, strict=True)))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: the TTFT / TPOT summary names (:data:`METRICS`): name -> (column, statistic); computed by :func:`latency_stats`
+LATENCY_STATS: dict[str, tuple[str, str]] = {
+    "ttft_p50_s": ("ttft_s", "p50"), "ttft_p90_s": ("ttft_s", "p90"), "ttft_p99_s": ("ttft_s", "p99"),
+    "ttft_mean_s": ("ttft_s", "mean"),
+    "tpot_p50_s": ("tpot_s", "p50"), "tpot_p90_s": ("tpot_s", "p90"), "tpot_p99_s": ("tpot_s", "p99"),
+}
+
+
+def admitted_values(requests: pd.DataFrame, column: str) -> np.ndarray:
+    """The finite values of ``column`` over the admitted requests (all rows without an ``admitted`` column)."""
+    admitted = requests["admitted"].to_numpy(dtype=bool) if "admitted" in requests else np.ones(len(requests), bool)
+    values = requests[column].to_numpy(dtype=np.float64)[admitted]
+    return values[np.isfinite(values)]
+
+
+def latency_stats(requests: pd.DataFrame, columns: tuple[str, ...] = ("ttft_s", "tpot_s")) -> dict[str, float]:
+    """:data:`LATENCY_STATS` of ``columns`` over the admitted requests, in seconds: the mean and linear
+    percentiles (``numpy.percentile``) of the finite values; NaN when there are none (an empty run, nothing
+    admitted) or when the frame has no such column. The one definition every driver's summary uses (the
+    simulator's, the engine's ``ttft_*`` and :func:`kvlab.analysis.breakdown`'s per group)."""
+    out: dict[str, float] = {}
+    for name, (col, stat) in LATENCY_STATS.items():
+        if col not in columns:
+            continue
+        values = admitted_values(requests, col) if col in requests else np.empty(0)
+        if not len(values):
+            out[name] = math.nan
+        elif stat == "mean":
+            out[name] = float(values.mean())
+        else:
+            out[name] = float(np.percentile(values, float(stat[1:])))
+    return out
 
 
 # ----------------------------------------------------------------------------- the vocabulary

@@ -8,6 +8,7 @@ here: the models are tiny, and two OpenMP threads on a shared two-core machine a
 from __future__ import annotations
 
 import ast
+import math
 import sys
 from pathlib import Path
 
@@ -395,3 +396,18 @@ def test_gpu_shape_builds_on_the_target_device_without_cpu_weights():
     params = list(big.parameters())
     assert {p.device.type for p in params} == {"meta"} and {p.dtype for p in params} == {torch.bfloat16}
     assert 8.0e9 < sum(p.numel() for p in params) < 8.1e9
+
+
+def test_summary_latency_is_the_one_definition_nan_when_nothing_admitted(model):
+    """The engine's ttft_* summary is kvlab.analysis.latency_stats of its requests (as the simulator's); a run
+    that admits nothing reports NaN, not 0.0."""
+    from kvlab.analysis import latency_stats
+
+    res = engine(model, capacity_blocks=8, block_size=4).run(from_lists([np.arange(9), np.arange(13)]))
+    stats = latency_stats(res.requests)
+    for name in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"):
+        assert res.summary[name] == stats[name] > 0
+    assert not any(k.startswith("tpot_") for k in res.summary)  # the engine reports TTFT only
+    empty = engine(model, capacity_blocks=3).run(from_lists([np.arange(25)]))  # 4 blocks > 3: none admitted
+    assert empty.summary["rejected_requests"] == 1
+    assert all(math.isnan(empty.summary[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))

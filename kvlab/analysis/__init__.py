@@ -3,10 +3,8 @@ respect cache state (batch means, session resampling, paired A − B), breakdown
 runs of an experiment (:mod:`kvlab.analysis.runs`)."""
 
 from kvlab.analysis.breakdowns import (
-    LATENCY_STATS,
     breakdown,
     category_breakdown,
-    latency_stats,
     slo_attainment,
     slo_met,
     tenant_breakdown,
@@ -23,6 +21,7 @@ from kvlab.analysis.resample import (
 from kvlab.analysis.runs import AnalysisSpec, paired, replicate_intervals, run_intervals
 from kvlab.analysis.tdist import t_quantile
 from kvlab.analysis.warmup import after_warmup, warmup_mask
+from kvlab.metrics import LATENCY_STATS, latency_stats  # defined on the base floor: the drivers use it too
 
 __all__ = [
     "LATENCY_STATS", "AnalysisSpec", "Interval", "after_warmup", "batch_means", "breakdown", "category_breakdown",

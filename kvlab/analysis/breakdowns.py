@@ -16,43 +16,13 @@ import pandas as pd
 
 from kvlab.analysis.warmup import after_warmup
 from kvlab.errors import ConfigError
+from kvlab.metrics import LATENCY_STATS, latency_stats
 from kvlab.metrics import breakdown as metrics_breakdown
 
-#: the TTFT / TPOT summary names (kvlab.metrics.METRICS) computed per group: name -> (column, statistic)
-LATENCY_STATS: dict[str, tuple[str, str]] = {
-    "ttft_p50_s": ("ttft_s", "p50"), "ttft_p90_s": ("ttft_s", "p90"), "ttft_p99_s": ("ttft_s", "p99"),
-    "ttft_mean_s": ("ttft_s", "mean"),
-    "tpot_p50_s": ("tpot_s", "p50"), "tpot_p90_s": ("tpot_s", "p90"), "tpot_p99_s": ("tpot_s", "p99"),
-}
 #: the columns :func:`slo_attainment` adds (names proposed for kvlab.metrics.METRICS)
 SLO_COLUMNS = ("slo_requests", "slo_met", "slo_attainment", "ttft_target_s", "tpot_target_s")
 #: groupings the helpers below know (kvlab.results.frame.LABELS)
 GROUPS = ("tenant", "category", "turn", "session")
-
-
-def admitted_values(requests: pd.DataFrame, column: str) -> np.ndarray:
-    """The finite values of ``column`` over the admitted requests (all rows without an ``admitted`` column)."""
-    admitted = requests["admitted"].to_numpy(dtype=bool) if "admitted" in requests else np.ones(len(requests), bool)
-    values = requests[column].to_numpy(dtype=np.float64)[admitted]
-    return values[np.isfinite(values)]
-
-
-def latency_stats(requests: pd.DataFrame) -> dict[str, float]:
-    """:data:`LATENCY_STATS` over the admitted requests (finite values only; NaN when none, or when the
-    frame has no ``ttft_s`` / ``tpot_s`` column), in seconds."""
-    out: dict[str, float] = {}
-    for name, (col, stat) in LATENCY_STATS.items():
-        if col not in requests:
-            out[name] = math.nan
-            continue
-        values = admitted_values(requests, col)
-        if not len(values):
-            out[name] = math.nan
-        elif stat == "mean":
-            out[name] = float(values.mean())
-        else:
-            out[name] = float(np.percentile(values, float(stat[1:])))
-    return out
 
 
 def _group_keys(requests: pd.DataFrame, by: str | list[str]) -> list[str]:

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvlab.analysis.breakdowns import LATENCY_STATS, latency_stats
 from kvlab.analysis.tdist import t_quantile
 from kvlab.analysis.warmup import after_warmup
 from kvlab.errors import ConfigError
-from kvlab.metrics import METRICS, summarize
+from kvlab.metrics import LATENCY_STATS, METRICS, latency_stats, summarize
 
 #: a metric: a name of :data:`kvlab.metrics.METRICS` that :func:`kvlab.metrics.summarize` (or, for TTFT and
-#: TPOT, :func:`kvlab.analysis.breakdowns.latency_stats`) computes from a requests frame, or a callable
+#: TPOT, :func:`kvlab.metrics.latency_stats`) computes from a requests frame, or a callable
 #: ``frame -> float``
 Metric = str | Callable[[pd.DataFrame], float]
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvlab.analysis.breakdowns import LATENCY_STATS
 from kvlab.analysis.intervals import batch_means, lag1_autocorrelation, metric_function, paired_batch_means, t_interval
 from kvlab.analysis.spec import AnalysisSpec
 from kvlab.analysis.warmup import after_warmup
 from kvlab.errors import ConfigError, ResultsError
+from kvlab.metrics import LATENCY_STATS
 from kvlab.results.runs import config_columns, resolve_folder
 
 #: metrics run_intervals computes by default (those a run's requests can give)

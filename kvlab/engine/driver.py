@@ -59,7 +59,7 @@ from kvlab.engine.tiers import attach_tiers, request_tier_hits, tier_config, tie
 from kvlab.engine.verify import Tolerance, VerifyReport, verify_prefill
 from kvlab.errors import CapacityError, ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, truth_hasher
-from kvlab.metrics import summarize
+from kvlab.metrics import latency_stats, summarize
 from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload
 
@@ -466,13 +466,13 @@ class Engine(PagedModel):
         self, frame: pd.DataFrame, workload: Workload, wall: float, verify: bool, key_label: str | None
     ) -> dict:
         """Totals of a run: :func:`~kvlab.metrics.summarize` of ``frame`` plus capacity, layout and labels,
-        prefill and decode seconds and throughputs (tokens/s), TTFT percentiles (s), peak KV bytes and, with
+        prefill and decode seconds and throughputs (tokens/s), TTFT mean and percentiles (s,
+        :func:`kvlab.metrics.latency_stats`: NaN on a run that admitted nothing), peak KV bytes and, with
         ``verify``, the oracle's pass rate and largest deviations."""
         summary = summarize(frame, duration_s=workload.duration, capacity_blocks=self.capacity_blocks)
         adm = frame[frame["admitted"]]
         prefill_s = float(adm["prefill_s"].sum())
         decode_s = float(adm["decode_s"].sum())
-        ttft = adm["ttft_s"].to_numpy(np.float64)
         summary.update(
             capacity_blocks=self.capacity_blocks,
             capacity_bytes=self.capacity_bytes,
@@ -492,10 +492,7 @@ class Engine(PagedModel):
             prefill_throughput=float(adm["computed_tokens"].sum()) / prefill_s if prefill_s else 0.0,
             effective_prefill_throughput=float(adm["prompt_tokens"].sum()) / prefill_s if prefill_s else 0.0,
             decode_throughput=float(adm["decode_steps"].sum()) / decode_s if decode_s else 0.0,
-            ttft_mean_s=float(ttft.mean()) if len(ttft) else 0.0,
-            ttft_p50_s=float(np.percentile(ttft, 50)) if len(ttft) else 0.0,
-            ttft_p90_s=float(np.percentile(ttft, 90)) if len(ttft) else 0.0,
-            ttft_p99_s=float(np.percentile(ttft, 99)) if len(ttft) else 0.0,
+            **latency_stats(frame, columns=("ttft_s",)),  # NaN when nothing was admitted, as the simulator's
             max_kv_bytes_in_use=int(frame["kv_bytes_in_use"].max()) if len(frame) else 0,
             false_hit_blocks=int(frame["false_hit_blocks"].sum()),
             generated_tokens=int(frame["generated_tokens"].sum()),

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from kvlab.analysis.breakdowns import admitted_values
+from kvlab.metrics import admitted_values
 from kvlab.plots import style
 from kvlab.plots.capacity import draw_series, legend_below
 from kvlab.units import GIB, MS_PER_S

@@ -25,11 +25,10 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
-from kvlab.analysis.breakdowns import latency_stats
 from kvlab.arguments import require_instance
 from kvlab.cache import pool_blocks
 from kvlab.errors import ConfigError
-from kvlab.metrics import summarize
+from kvlab.metrics import latency_stats, summarize
 from kvlab.names import canonical_keys
 from kvlab.policies.base import resolved_policy_params
 from kvlab.results import build_manifest, write_results
@@ -377,7 +376,7 @@ def _summary(frame: pd.DataFrame, ts: pd.DataFrame, schedulers: list[Scheduler],
     makespan = float(end - frame["arrival"].min()) if len(frame) else 0.0
     summary = summarize(frame, duration_s=makespan, capacity_blocks=capacity_blocks)
     summary["rejected_requests"] = int(frame["rejected"].sum())
-    summary.update(latency_stats(frame))  # TTFT / TPOT over the admitted requests (kvlab.analysis)
+    summary.update(latency_stats(frame))  # TTFT / TPOT over the admitted requests (kvlab.metrics)
     summary["latency_p50_s"] = _pct(done["latency_s"].to_numpy(), 50)
     prefill_s = sum(s.prefill_busy_s for s in schedulers)
     busy_s = sum(s.busy_s for s in schedulers)
