@@ -354,9 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=None,
                      help="runs at once: local processes (default 1); ray: CPUs of the local instance (default all "
                           "cores), on a cluster the parallelism runs are grouped for (default its CPUs)")
-    run.add_argument("--backend", choices=("local", "ray"), default="local",
-                     help="local: this process or a process pool; ray: Ray tasks, results written here "
-                          "(needs kvlab[ray]; docs/experiments.md)")
+    run.add_argument("--runner", "--backend", dest="runner", choices=("local", "ray"), default="local",
+                     help="where the runs execute: local: this process or a process pool; ray: Ray tasks, results "
+                          "written here (needs kvlab[ray]; docs/experiments.md). --backend is the old spelling")
     run.add_argument("--address", default=None,
                      help="ray only: 'auto' or HOST:PORT joins a running Ray cluster (default: start a local one)")
     run.add_argument("--results", type=Path, default=Path("results"),

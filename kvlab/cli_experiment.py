@@ -30,7 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.no_figure:
             _check_figure_folder(experiment, planned, args.results)
 
-    table = run_experiment(args.experiment, args.results, workers=args.workers, backend=args.backend,
+    table = run_experiment(args.experiment, args.results, workers=args.workers, backend=args.runner,
                            address=args.address, resume=not args.no_resume, progress=not args.quiet,
                            max_points=MAX_POINTS if args.max_points is None else args.max_points,
                            allow_redefine=args.allow_redefine, before_runs=check_figures)

@@ -154,7 +154,7 @@ def test_cli_backend_ray(ray_session: object, trace: Path, tmp_path: Path, capsy
     data = experiment_dict(trace, name="cli")
     data["sweep"] = {"grid": {"cache.policy": ["lru"], "cache.capacity_blocks": [4, 8]}}
     file = write_yaml(tmp_path / "e.yaml", data)
-    assert main(["run", str(file), "--backend", "ray", "--results", str(tmp_path / "r"), "--quiet"]) == 0
+    assert main(["run", str(file), "--runner", "ray", "--results", str(tmp_path / "r"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "token_hit_rate" in out and "results written to" in out
     assert len(os.listdir(tmp_path / "r/cli/runs")) == 2
@@ -166,15 +166,16 @@ def test_user_errors_without_ray(trace: Path, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as when it is not installed
     with pytest.raises(ConfigError) as info:
         run_experiment(experiment, tmp_path / "r", backend="ray", progress=False)
-    assert str(info.value) == RAY_MISSING == "--backend ray needs ray: pip install 'kvlab[ray]'"
+    assert str(info.value) == RAY_MISSING == "--runner ray needs ray: pip install 'kvlab[ray]'"
     with pytest.raises(ConfigError, match=r"address \(--address\): only with backend ray"):
         run_experiment(experiment, tmp_path / "r", address="auto", progress=False)
-    with pytest.raises(ConfigError, match=r"backend \(--backend\): must be one of local, ray, got 'dask'"):
+    with pytest.raises(ConfigError, match=r"backend \(--runner\): must be one of local, ray, got 'dask'"):
         run_experiment(experiment, tmp_path / "r", backend="dask", progress=False)
     assert not (tmp_path / "r").exists()  # refused before anything is written
     file = write_yaml(tmp_path / "e.yaml", experiment_dict(trace, name="noray"))
-    assert main(["run", str(file), "--backend", "ray", "--results", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == f"kvlab: error: {RAY_MISSING}\n"
+    for flag in ("--runner", "--backend"):  # --backend: the old spelling of --runner
+        assert main(["run", str(file), flag, "ray", "--results", str(tmp_path / "r")]) == 2
+        assert capsys.readouterr().err == f"kvlab: error: {RAY_MISSING}\n"
 
 
 def test_ray_is_an_extra_of_its_own_and_a_test_dependency() -> None:

@@ -88,9 +88,9 @@ def run_experiment(
 
     check_arguments(experiment, results)
     if backend not in BACKENDS:
-        raise ConfigError(f"backend (--backend): must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise ConfigError(f"backend (--runner): must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if address is not None and backend != "ray":
-        raise ConfigError(f"address (--address): only with backend ray (--backend ray), got backend {backend!r}")
+        raise ConfigError(f"address (--address): only with backend ray (--runner ray), got backend {backend!r}")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers (--workers): must be at least 1, got {workers}")
     if backend == "ray":

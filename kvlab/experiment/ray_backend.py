@@ -1,4 +1,4 @@
-"""``kvlab run --backend ray``: the runs of an experiment as Ray tasks, their results written by the driver.
+"""``kvlab run --runner ray``: the runs of an experiment as Ray tasks, their results written by the driver.
 
 What travels: each distinct trace (a :class:`~kvlab.workload.workload.Workload`, loaded and checked once by
 the driver while planning) goes into the object store once (``ray.put``); a task gets that reference, the
@@ -41,7 +41,7 @@ from kvlab.experiment.runner import (
 from kvlab.results.runs import RUNS
 from kvlab.workload.workload import Workload
 
-RAY_MISSING = "--backend ray needs ray: pip install 'kvlab[ray]'"
+RAY_MISSING = "--runner ray needs ray: pip install 'kvlab[ray]'"
 
 
 def import_ray() -> ModuleType:
@@ -87,7 +87,7 @@ def connected(address: str | None, workers: int | None) -> Iterator[ModuleType]:
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exceptions (a raylet that did not start in time)
         ray.shutdown()
         why = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        where = "--backend ray: cannot start a local Ray instance" if address is None else \
+        where = "--runner ray: cannot start a local Ray instance" if address is None else \
             f"--address {address}: cannot join the Ray cluster"
         raise ConfigError(f"{where} ({why})") from None
     try:
