@@ -1,6 +1,6 @@
 """The cache core against vLLM v1's prefix-caching behaviours (tests/v1/core/test_prefix_caching.py,
-ported in our own words) and DESIGN.md's semantics. Keys here are built by a tiny chained tuple scheme
-so the core is tested independently of the hasher."""
+ported in our own words) and docs/semantics.md ("Lookup, admission and release (one request)"). Keys here are built by a
+tiny chained tuple scheme so the core is tested independently of the hasher."""
 
 from __future__ import annotations
 

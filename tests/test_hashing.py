@@ -1,4 +1,5 @@
-"""BlockHasher and encode_workload: DESIGN.md "Block key" semantics, unsafe variants, stability, encoding."""
+"""BlockHasher and encode_workload: the semantics of docs/semantics.md, "Blocks and keys"; unsafe variants,
+stability, encoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What a policy is told about an access (the context of DESIGN.md's policy events)."""
+"""What a policy is told about an access (the context of the policy events, docs/semantics.md, "Eviction policy
+interface")."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ Invariants (``bs`` = block size in tokens):
   (vLLM v1) in the step that computes its last token, so requests scheduled later in the same step can
   hit it; with ``cache_at="compute"`` only once that step has run (keyed by :meth:`cache_computed` right
   after the forward pass, or at the request's next allocation or when it is freed).
-* Hits are capped so that the last known token is always recomputed (DESIGN.md): at most
-  ``(num_tokens - 1) // bs`` blocks.
+* Hits are capped so that the last known token is always recomputed (docs/semantics.md,
+  "Lookup, admission and release (one request)"): at most ``(num_tokens - 1) // bs`` blocks.
 * ``allocate_slots`` either succeeds or changes nothing (no touch, no allocation, no eviction, no key).
 * ``free`` releases tail first, so LRU evicts a sequence's tail before its head; it keys only blocks full
   of computed tokens, so a request whose forward pass failed (``num_computed_tokens`` not advanced) leaves

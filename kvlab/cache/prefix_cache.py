@@ -1,6 +1,7 @@
 """The prefix-cache core shared by all drivers: block pool, key index, ref counts, one eviction policy.
 
-Semantics follow vLLM v1 automatic prefix caching (DESIGN.md):
+Semantics follow vLLM v1 automatic prefix caching (docs/semantics.md,
+"Lookup, admission and release (one request)"):
 
 * Every block is in exactly one state: *running* (``ref_cnt > 0``), *evictable* (``ref_cnt == 0`` with
   a key; ordered by the policy) or *free* (``ref_cnt == 0`` without a key; in the free queue).

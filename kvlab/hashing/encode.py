@@ -101,7 +101,8 @@ def encode_workload(
             raise ConfigError(
                 f"block_size {block_size} is not a multiple of this block-id trace's block size {trace_bs}: "
                 f"a hash trace can only be re-blocked to a coarser size. To run at a finer size, expand the "
-                f"ids to tokens first (kvlab.workload.expand_to_tokens), but note (DESIGN.md): "
+                f"ids to tokens first (kvlab.workload.expand_to_tokens), but note "
+                f"(docs/semantics.md, \"Hash traces\"): "
                 f"{BLOCK_RESIZE_CAVEAT}"
             )
         stride = (block_size // trace_bs) * VALUE_BYTES

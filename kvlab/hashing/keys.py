@@ -1,4 +1,4 @@
-"""Chained block keys (DESIGN.md "Block key"): one :class:`BlockHasher` fixes scheme, root and extras.
+"""Chained block keys (docs/semantics.md, "Blocks and keys"): one :class:`BlockHasher` fixes scheme, root and extras.
 
 Key formula (docs/hashing.md has the byte-level definition)::
 

@@ -1,4 +1,4 @@
-"""The eviction-policy interface (DESIGN.md "Eviction policy interface") and the policy registry.
+"""The eviction-policy interface (docs/semantics.md, "Eviction policy interface") and the policy registry.
 
 A policy orders the *evictable* blocks of one tier: keyed blocks whose ref count is 0. It never sees
 a pinned block as a candidate. The cache calls, for each block:

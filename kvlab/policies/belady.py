@@ -11,10 +11,10 @@ the policy learns that request ``r`` has started, every key of ``r`` moves its n
 whether or not the cache looked it up (stop-at-first-miss), so no block keeps a next use that has
 already gone by.
 
-What it means (DESIGN.md): on object sequences (one-block requests, ``mode="ideal"``) this is OPT, a
-bound for every online policy with the same capacity; on prefix traces the chain dependency and
-stop-at-first-miss make it a strong heuristic, not a bound (a block whose key comes back soon is
-useless if its parent is evicted first).
+What it means (docs/semantics.md, "Eviction policy interface"): on object sequences (one-block requests,
+``mode="ideal"``) this is OPT, a bound for every online policy with the same capacity; on prefix traces the
+chain dependency and stop-at-first-miss make it a strong heuristic, not a bound (a block whose key comes back
+soon is useless if its parent is evicted first).
 
 Choices:
 

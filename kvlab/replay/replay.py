@@ -1,4 +1,4 @@
-"""The replay driver: sequential, cache-only, no timing (DESIGN.md "The replay is sequential").
+"""The replay driver: sequential, cache-only, no timing (docs/semantics.md, "The sequential replay").
 
 Each request, in trace order, is looked up, admitted (hits pinned, new blocks allocated and keyed) and
 released before the next one, with its prompt only. Two backends give identical results:
