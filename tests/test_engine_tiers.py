@@ -139,20 +139,20 @@ def test_disk_store_file_format_and_atomic_writes(tmp_path):
     layout = KVLayout(2, 2, 4, 8, torch.float32)
     store = DiskStore(tmp_path, "ssd", layout, 2)
     data = torch.randn(2, *layout.pool_shape(1)[1:])
-    store.write(7, data)
+    store.store(7, data)
     assert sorted(os.listdir(tmp_path)) == ["ssd-00000007.kvb"]
     assert (tmp_path / "ssd-00000007.kvb").stat().st_size == 4096 + 2 * layout.bytes_per_block
-    assert torch.equal(store.read(7), data)
-    store.write(7, data + 1)  # overwritten by rename: the new content, no temporary file left
-    assert torch.equal(store.read(7), data + 1) and len(os.listdir(tmp_path)) == 1
+    assert torch.equal(store.load(7), data)
+    store.store(7, data + 1)  # overwritten by rename: the new content, no temporary file left
+    assert torch.equal(store.load(7), data + 1) and len(os.listdir(tmp_path)) == 1
     full = DiskStore(tmp_path, "x", layout, 2, quota_bytes=100)
     with pytest.raises(OSError) as err:
-        full.write(0, data)
+        full.store(0, data)
     assert err.value.errno == errno.ENOSPC and not list(tmp_path.glob("x-*"))
-    store.free(7)
+    store.remove(7)
     assert not os.listdir(tmp_path)
     with pytest.raises(TierReadError):
-        store.read(7)
+        store.load(7)
 
 
 def test_tier_dir_refuses_foreign_files_and_deletes_only_its_own(tmp_path):

@@ -1,7 +1,8 @@
 """The engine's lower tiers: a :class:`~kvlab.tiers.TierStack` beside its cache core, with real stores.
 
-:func:`attach_tiers` builds the stack (docs/tiers.md semantics, the replay's) and a
-:class:`~kvlab.engine.tiers.store.TierIO` that moves the K/V bytes: every tier in host DRAM, except, with a
+:func:`attach_tiers` builds the stack (docs/tiers.md semantics, the replay's), each tier's store, chosen by its
+medium's name (:data:`~kvlab.engine.tiers.store.STORES`), and a :class:`~kvlab.engine.tiers.mover.TierIO` that
+moves the K/V bytes. Unnamed, the media are :func:`default_stores`: every tier in host DRAM, except, with a
 ``tier_dir``, the last one, which is on disk there (docs/engine.md, "Real tiers in the engine").
 :func:`tier_results` adds the replay's per-request tier columns and the ``tiers`` summary list, with each
 tier's store kind, read and write errors and I/O seconds.
@@ -20,45 +21,56 @@ import pandas as pd
 
 from kvlab.cache import PrefixCache
 from kvlab.engine.kv_pool import KVPool
-from kvlab.engine.tiers.store import DiskStore, DramStore, TierDir, TierIO
+from kvlab.engine.tiers.mover import TierIO
+from kvlab.engine.tiers.store import StoreSpec, TierDir, TierStore, check_stores, make_store
 from kvlab.errors import ConfigError
 from kvlab.tiers import Tier, TierStack, check_tiers, parse_tier
 from kvlab.tiers.results import tier_columns, tier_summary
 
 
+def default_stores(tiers: int, on_disk: bool) -> list[str]:
+    """The media of ``tiers`` tiers when none are named: ``"dram"`` each, the last ``"disk"`` when ``on_disk``
+    (a ``tier_dir`` is given)."""
+    return ["dram"] * (tiers - 1) + ["disk" if on_disk else "dram"] if tiers else []
+
+
 def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] | None, *,
                  tier_dir: str | os.PathLike | None = None, max_load_tokens: int | None = None, defer: bool = False,
-                 fsync: bool = True, quota_bytes: int | None = None) -> TierIO | None:
+                 fsync: bool = True, quota_bytes: int | None = None,
+                 stores: Sequence[str] | None = None) -> TierIO | None:
     """Tiers ``tiers`` (:class:`Tier` or its ``--tier`` spelling) below ``cache`` (whose block ids are
     ``pool``'s), their bytes in real stores; None without tiers. ``capacity_gib`` tiers are sized with the
-    pool's bytes per block. ``tier_dir``: the last
-    tier is a :class:`~kvlab.engine.tiers.store.DiskStore` there (``fsync``, ``quota_bytes``: its options).
-    ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule)."""
+    pool's bytes per block. ``stores``: each tier's medium by name (:data:`~kvlab.engine.tiers.store.STORES`,
+    level 1 first); default :func:`default_stores` (DRAM; with ``tier_dir`` the last tier on disk).
+    ``tier_dir``: where disk stores keep their files (``fsync``, ``quota_bytes``: their options).
+    ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule).
+    Every name and rule is checked before any work (ConfigError)."""
     tiers = [t if isinstance(t, Tier) else parse_tier(str(t), "tiers") for t in tiers or []]
     if tier_dir is not None and not tiers:
         raise ConfigError("tier_dir needs tiers=[Tier(...)]: it holds the last tier's data")
     check_tiers(tiers, max_load_tokens=max_load_tokens)  # the replay's and simulator's tier rules, before any work
+    media = list(stores) if stores is not None else default_stores(len(tiers), tier_dir is not None)
+    check_stores(media, [t.name for t in tiers], has_dir=tier_dir is not None)
     if not tiers:
         return None
     layout = pool.layout
     resolved = [t.resolve(layout.bytes_per_block) for t in tiers]
     stack = TierStack(cache, resolved, max_load_tokens=max_load_tokens)
     where = TierDir(tier_dir) if tier_dir is not None else None
-    stores: list[DramStore | DiskStore] = []
-    for i, lt in enumerate(stack.tiers):
-        if where is not None and i == len(tiers) - 1:
-            stores.append(DiskStore(where.path, lt.spec.name, layout, lt.chunk, fsync=fsync, quota_bytes=quota_bytes,
-                                    pin=pool.device.type == "cuda"))
-        else:
-            stores.append(DramStore(layout, lt.chunk, lt.cache.capacity_blocks, pin=pool.device.type == "cuda"))
-    io = TierIO(pool, stores, defer=defer, tier_dir=where)
+    pin = pool.device.type == "cuda"
+    made: list[TierStore] = [
+        make_store(medium, StoreSpec(lt.spec.name, layout, lt.chunk, lt.cache.capacity_blocks, pin=pin,
+                                     directory=where.path if where is not None else None, fsync=fsync,
+                                     quota_bytes=quota_bytes))
+        for medium, lt in zip(media, stack.tiers, strict=True)]
+    io = TierIO(pool, made, defer=defer, tier_dir=where)
     io.stack, io.tiers, io.max_load_tokens = stack, resolved, max_load_tokens
     stack.attach(io)
-    weakref.finalize(io, _close, stores, where)  # this run's files go when the engine does (or at exit)
+    weakref.finalize(io, _close, made, where)  # this run's files go when the engine does (or at exit)
     return io
 
 
-def _close(stores: list, where: TierDir | None) -> None:
+def _close(stores: list[TierStore], where: TierDir | None) -> None:
     for s in stores:
         s.close()
     if where is not None:

@@ -85,28 +85,28 @@ def measure_disk(directory: str | os.PathLike | None = None, *, layout: KVLayout
             t: dict[str, list[float]] = {op: [] for op in OPS}
             for i in range(ops):
                 t0 = time.perf_counter()
-                store.write(i, data)
+                store.store(i, data)
                 t["write"].append(time.perf_counter() - t0)
             store.fsync = False
             for i in range(ops):
                 t0 = time.perf_counter()
-                store.write(ops + i, data)
+                store.store(ops + i, data)
                 t["write_nofsync"].append(time.perf_counter() - t0)
             os.sync()
             for i in range(ops):
-                store.recycle(store.read(i))  # warm the page cache (and the store's read buffer)
+                store.release(store.load(i))  # warm the page cache (and the store's read buffer)
                 t0 = time.perf_counter()
-                back = store.read(i)
+                back = store.load(i)
                 t["read_warm"].append(time.perf_counter() - t0)
-                store.recycle(back)
+                store.release(back)
             for i in range(ops):
                 _drop(store.path(i))
                 t0 = time.perf_counter()
-                back = store.read(i)
+                back = store.load(i)
                 t["read_cold"].append(time.perf_counter() - t0)
                 if not torch.equal(back.view(torch.uint8), data.view(torch.uint8)):
                     raise RuntimeError(f"slot {i} read back different bytes")
-                store.recycle(back)
+                store.release(back)
             for i in range(ops):
                 dt = _direct_read(store.path(i), store.file_bytes)
                 if dt is None:

@@ -1,26 +1,28 @@
-"""Real lower tiers for the engine: the bytes behind the slots of :class:`kvlab.tiers.TierStack`'s tiers.
+"""Real lower tiers for the engine: the stores holding the bytes of :class:`kvlab.tiers.TierStack`'s slots.
 
-A lower tier's slot holds one chunk of ``chunk_blocks`` pool blocks; its bytes live in a store, in the pool's
-block layout (``[chunk_blocks, layers, 2, kv_heads, block_size, head_dim]``, block-major, the pool dtype):
+Every store implements one interface, :class:`TierStore` (``contains``, ``load``, ``store``, ``remove``,
+``close``; shaped after LMCache's ``StorageBackendInterface``). A key is a slot id (the tier's block id); a
+value is one chunk of ``chunk_blocks`` pool blocks in the pool's block layout
+(``[chunk_blocks, layers, 2, kv_heads, block_size, head_dim]``, block-major, the pool dtype). Media are chosen
+by name: :data:`STORES` maps each name to its class, :func:`make_store` builds one from a :class:`StoreSpec`.
 
-* :class:`DramStore`: CPU tensors, allocated in pages of slots as they are first written (pinned memory when
-  the engine's device is CUDA, so host-to-device copies can run at PCIe speed). A write or read is a copy.
-* :class:`DiskStore`: one file per slot, ``<tier>-<slot>.kvb`` under a cache directory. A write goes to a
-  temporary name, is fsynced, then atomically renamed (``os.replace``): a reader never sees a partial file.
-  The file holds a header (magic, version, blocks, bytes per block, a generation number) and one xxh3-64
-  checksum per block, padded to 4096 bytes, then the blocks. A read checks the file size, the header against
-  what this store wrote last into that slot, and every block's checksum: anything else (corrupt, truncated,
-  missing, stale) is a :class:`TierReadError`. ``quota_bytes`` caps the bytes of its files: a write past it
-  fails with ``OSError(ENOSPC)``, as a full disk does.
+* ``"dram"`` (:class:`DramStore`): CPU tensors, allocated in pages of slots as they are first written (pinned
+  memory when the engine's device is CUDA, so host-to-device copies can run at PCIe speed). A store or load is
+  a copy; nothing can go wrong between them, so loads are not checked at lookup.
+* ``"disk"`` (:class:`DiskStore`): one file per slot, ``<tier>-<slot>.kvb`` under a cache directory. A store
+  goes to a temporary name, is fsynced, then atomically renamed (``os.replace``): a reader never sees a
+  partial file. The file holds a header (magic, version, blocks, bytes per block, a generation number) and one
+  xxh3-64 checksum per block, padded to 4096 bytes, then the blocks. A load checks the file size, the header
+  against what this store wrote last into that slot, and every block's checksum: anything else (corrupt,
+  truncated, missing, stale) is a :class:`TierReadError`. ``quota_bytes`` caps the bytes of its files: a store
+  past it fails with ``OSError(ENOSPC)``, as a full disk does.
 
-:class:`TierIO` is the stack's :class:`~kvlab.tiers.stack.TierMover`: it copies pool blocks into a slot when
-the stack stores, the slot into the device blocks the admission placed when it loads, and frees a slot when
-it is dropped. A disk slot is read and verified when a lookup finds it (``check``; the bytes are staged in
-host memory for the load that follows): an unreadable slot is a miss there, its blocks are recomputed, never
-served, and the read error is counted. A failed write (``OSError``: ENOSPC, EIO) is counted and the slot is
-not stored. Counters per tier: :class:`TierIOCounters`.
+The data mover that calls the stores (lookup checks, loads into the pool, counters) is
+:class:`kvlab.engine.tiers.mover.TierIO`. Adding a medium: a class implementing :class:`TierStore` (with
+``kind``, ``needs_dir`` and ``from_spec``) and one :data:`STORES` entry; tests/test_engine_store_contract.py
+runs the shared contract on every entry.
 
-Units: sizes in bytes, times in seconds, slots and blocks by id.
+Units: sizes in bytes, slots and blocks by id, capacities in blocks.
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ import os
 import re
 import struct
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 import xxhash
 
-from kvlab.engine.kv_pool import KVLayout, KVPool
+from kvlab.engine.kv_pool import KVLayout
 from kvlab.errors import ConfigError
 
 MAGIC = b"KVLBTIER"
@@ -50,7 +52,97 @@ _OWN = re.compile(r"^\.?[A-Za-z][A-Za-z0-9_]*-\d{8}\.kvb(\.tmp)?$")  # names of 
 
 
 class TierReadError(OSError):
-    """A disk slot's file is missing, truncated, corrupt or stale."""
+    """A slot that cannot be loaded: not held (``errno.ENOENT``), or its file missing, truncated, corrupt or
+    stale (``errno.EIO``)."""
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What a medium's :meth:`TierStore.from_spec` is given: the tier's ``name`` (file names), the pool's
+    ``layout``, ``chunk`` blocks per slot, the tier's ``slots``, ``pin`` (page-locked host memory: a CUDA
+    engine), and the disk options: ``directory`` (a :class:`TierDir`'s path), ``fsync``, ``quota_bytes``."""
+
+    name: str
+    layout: KVLayout
+    chunk: int
+    slots: int
+    pin: bool = False
+    directory: Path | None = None
+    fsync: bool = True
+    quota_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What a store holds now: ``slots`` held and ``bytes`` of memory or files it has taken for them."""
+
+    slots: int
+    bytes: int
+
+
+@runtime_checkable
+class TierStore(Protocol):
+    """One lower tier's slots in one medium (module docstring). Keys are slot ids (ints >= 0); values are
+    chunks of shape :attr:`shape` in the layout's dtype.
+
+    The contract (every store, tests/test_engine_store_contract.py): after ``store(k, x)`` returns,
+    ``contains(k)`` is True and ``load(k)`` returns ``x``'s bytes exactly, until ``k`` is stored again or
+    removed; a store that raises ``OSError`` (a full disk, a quota) leaves no new data for ``k`` (the caller
+    removes ``k``). ``load`` of a key not held raises :class:`TierReadError` with ``errno.ENOENT``; it never
+    returns other bytes than were stored. ``remove`` says whether ``k`` was held. ``close`` removes every key
+    and releases the store's memory and files; closing twice is harmless."""
+
+    #: the medium's name: its :data:`STORES` key, the ``store`` of its tier in results
+    kind: ClassVar[str]
+    #: needs ``StoreSpec.directory`` (a ``tier_dir``)
+    needs_dir: ClassVar[bool]
+    #: loads can fail after a store (a file altered underneath): the mover loads and verifies a slot when a
+    #: lookup finds it, so a bad one is a miss, never served
+    checked: ClassVar[bool]
+    #: a loaded chunk stays valid after :meth:`release` (a view of the store's memory, until ``k`` is stored
+    #: again): the copy into the device may run asynchronously
+    stable_loads: ClassVar[bool]
+    #: one slot's chunk: ``(chunk_blocks, layers, 2, kv_heads, block_size, head_dim)``
+    shape: tuple[int, ...]
+
+    @classmethod
+    def from_spec(cls, spec: StoreSpec) -> TierStore:
+        """The store for one tier; ConfigError if ``spec`` does not fit this medium."""
+        ...
+
+    @property
+    def capacity_blocks(self) -> int | None:
+        """Blocks this store can hold at most (None: bounded only by its tier's capacity)."""
+        ...
+
+    def contains(self, key: int) -> bool:
+        """Whether ``key`` holds data (a disk store does not read its file: :meth:`load` verifies)."""
+        ...
+
+    def load(self, key: int) -> torch.Tensor:
+        """``key``'s chunk; TierReadError if not held or unreadable. Give it back with :meth:`release` once
+        copied out; it stays valid until then, while ``key`` is not stored again."""
+        ...
+
+    def release(self, chunk: torch.Tensor) -> None:
+        """A chunk :meth:`load` returned is no longer used."""
+        ...
+
+    def store(self, key: int, data: torch.Tensor) -> None:
+        """Put one chunk (shape :attr:`shape`) into ``key``, replacing what it held; OSError if it cannot."""
+        ...
+
+    def remove(self, key: int) -> bool:
+        """Free ``key``'s data; whether it held any."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """Slots held and bytes taken now."""
+        ...
+
+    def close(self) -> None:
+        """Remove every key; release memory and files (idempotent)."""
+        ...
 
 
 def header_bytes(blocks: int) -> int:
@@ -71,14 +163,26 @@ def _raw(t: torch.Tensor) -> memoryview:
 class DramStore:
     """``slots`` chunks of ``chunk`` blocks in host memory (module docstring). ``pin``: page-locked memory."""
 
-    kind = "dram"
+    kind: ClassVar[str] = "dram"
+    needs_dir: ClassVar[bool] = False
+    checked: ClassVar[bool] = False
+    stable_loads: ClassVar[bool] = True
 
     def __init__(self, layout: KVLayout, chunk: int, slots: int, *, pin: bool = False, page_slots: int = 64) -> None:
         self.shape = (chunk, *layout.pool_shape(1)[1:])
-        self.dtype, self.pin = layout.dtype, pin
+        self.dtype, self.pin, self.slots = layout.dtype, pin, slots
         self.page_slots = max(1, min(page_slots, slots))
         self.pages: dict[int, torch.Tensor] = {}
         self.held: set[int] = set()
+
+    @classmethod
+    def from_spec(cls, spec: StoreSpec) -> DramStore:
+        return cls(spec.layout, spec.chunk, spec.slots, pin=spec.pin)
+
+    @property
+    def capacity_blocks(self) -> int:
+        """The tier's slots times blocks per slot (pages are allocated as slots are first written)."""
+        return self.slots * self.shape[0]
 
     def _view(self, slot: int) -> torch.Tensor:
         p, i = divmod(slot, self.page_slots)
@@ -87,29 +191,31 @@ class DramStore:
             page = self.pages[p] = torch.empty((self.page_slots, *self.shape), dtype=self.dtype, pin_memory=self.pin)
         return page[i]
 
-    def write(self, slot: int, data: torch.Tensor) -> None:
-        self._view(slot).copy_(data)  # (blocking: the host copy is read right after, e.g. by a disk write)
-        self.held.add(slot)
+    def store(self, key: int, data: torch.Tensor) -> None:
+        self._view(key).copy_(data)  # (blocking: the host copy is read right after, e.g. by a disk write)
+        self.held.add(key)
 
-    def read(self, slot: int) -> torch.Tensor:
-        """The slot's chunk (a view: copy it before the slot is written again)."""
-        if slot not in self.held:
-            raise TierReadError(errno.ENOENT, f"DRAM slot {slot} holds nothing")
-        return self._view(slot)
+    def load(self, key: int) -> torch.Tensor:
+        """The slot's chunk (a view: valid until ``key`` is stored again)."""
+        if key not in self.held:
+            raise TierReadError(errno.ENOENT, f"DRAM slot {key} holds nothing")
+        return self._view(key)
 
-    def has(self, slot: int) -> bool:
-        return slot in self.held
+    def contains(self, key: int) -> bool:
+        return key in self.held
 
-    def recycle(self, chunk: torch.Tensor) -> None:
-        """(Reads are views of the store: nothing to give back.)"""
+    def release(self, chunk: torch.Tensor) -> None:
+        """(Loads are views of the store: nothing to give back.)"""
 
-    def free(self, slot: int) -> None:
-        self.held.discard(slot)
+    def remove(self, key: int) -> bool:
+        if key not in self.held:
+            return False
+        self.held.discard(key)
+        return True
 
-    @property
-    def nbytes(self) -> int:
-        """Host bytes allocated (pages)."""
-        return sum(p.numel() * p.element_size() for p in self.pages.values())
+    def stats(self) -> StoreStats:
+        """Slots held; host bytes allocated (whole pages)."""
+        return StoreStats(len(self.held), sum(p.numel() * p.element_size() for p in self.pages.values()))
 
     def close(self) -> None:
         self.pages.clear()
@@ -169,7 +275,10 @@ class DiskStore:
     """A tier's slots as files under ``directory`` (module docstring: format, checks, quota). ``fsync``: flush
     each file to the device before its rename (the directory is not fsynced: the tier's index is in memory)."""
 
-    kind = "disk"
+    kind: ClassVar[str] = "disk"
+    needs_dir: ClassVar[bool] = True
+    checked: ClassVar[bool] = True
+    stable_loads: ClassVar[bool] = False  # (a load's read buffer serves a later load once released)
 
     def __init__(self, directory: Path, name: str, layout: KVLayout, chunk: int, *, fsync: bool = True,
                  quota_bytes: int | None = None, pin: bool = False, spare_bytes: int = 256 << 20) -> None:
@@ -189,20 +298,32 @@ class DiskStore:
         self._spare_max = max(1, spare_bytes // self.file_bytes)
         self._lent: dict[int, torch.Tensor] = {}  # data pointer of a chunk read -> its buffer
 
+    @classmethod
+    def from_spec(cls, spec: StoreSpec) -> DiskStore:
+        if spec.directory is None:
+            raise ConfigError(f"tier {spec.name!r}: store 'disk' needs tier_dir (the directory of its files)")
+        return cls(spec.directory, spec.name, spec.layout, spec.chunk, fsync=spec.fsync,
+                   quota_bytes=spec.quota_bytes, pin=spec.pin)
+
+    @property
+    def capacity_blocks(self) -> int | None:
+        """The blocks of the files ``quota_bytes`` allows (None without a quota)."""
+        return None if self.quota is None else self.quota // self.file_bytes * self.chunk
+
     def path(self, slot: int) -> Path:
         return self.dir / f"{self.name}-{slot:08d}.kvb"
 
-    def write(self, slot: int, data: torch.Tensor) -> None:
-        """Write ``data`` (one chunk) into ``slot``'s file atomically; OSError (ENOSPC past the quota)."""
+    def store(self, key: int, data: torch.Tensor) -> None:
+        """Write ``data`` (one chunk) into ``key``'s file atomically; OSError (ENOSPC past the quota)."""
         raw = _raw(data.to("cpu"))
         sums = checksums(raw, self.block_bytes)
-        grow = 0 if slot in self.sums else self.file_bytes
+        grow = 0 if key in self.sums else self.file_bytes
         if self.quota is not None and self.used + grow > self.quota:
             raise OSError(errno.ENOSPC, f"tier {self.name!r}: quota of {self.quota} bytes reached")
         self._gen += 1
         head = _HEAD.pack(MAGIC, VERSION, self.chunk, self.block_bytes, self._gen) + struct.pack(
             f"<{self.chunk}Q", *sums)
-        final = self.path(slot)
+        final = self.path(key)
         tmp = final.with_name("." + final.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
@@ -216,18 +337,18 @@ class DiskStore:
             tmp.unlink(missing_ok=True)
             raise
         self.used += grow
-        self.sums[slot] = (self._gen, sums)
+        self.sums[key] = (self._gen, sums)
 
-    def read(self, slot: int) -> torch.Tensor:
-        """``slot``'s chunk, read and verified, in a read buffer of this store (give it back with
-        :meth:`recycle` once copied out); TierReadError if the file is not what was written into ``slot``."""
-        want = self.sums.get(slot)
-        where = f"tier {self.name!r}: slot {slot}"
+    def load(self, key: int) -> torch.Tensor:
+        """``key``'s chunk, read and verified, in a read buffer of this store (give it back with
+        :meth:`release` once copied out); TierReadError if the file is not what was written into ``key``."""
+        want = self.sums.get(key)
+        where = f"tier {self.name!r}: slot {key}"
         if want is None:
             raise TierReadError(errno.ENOENT, f"{where} holds nothing")
         buf = self._spare.pop() if self._spare else torch.empty(self.file_bytes, dtype=torch.uint8, pin_memory=self.pin)
         try:
-            with open(self.path(slot), "rb", buffering=0) as f:
+            with open(self.path(key), "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 n = f.readinto(buf.numpy()) if size == self.file_bytes else size
             if n != self.file_bytes:
@@ -247,8 +368,8 @@ class DiskStore:
         self._lent[out.data_ptr()] = buf
         return out
 
-    def recycle(self, chunk: torch.Tensor) -> None:
-        """A chunk :meth:`read` returned is no longer used: its buffer serves a later read."""
+    def release(self, chunk: torch.Tensor) -> None:
+        """A chunk :meth:`load` returned is no longer used: its buffer serves a later read."""
         buf = self._lent.pop(chunk.data_ptr(), None)
         if buf is not None:
             self._give_back(buf)
@@ -257,192 +378,48 @@ class DiskStore:
         if len(self._spare) < self._spare_max:
             self._spare.append(buf)
 
-    def has(self, slot: int) -> bool:
-        return slot in self.sums
+    def contains(self, key: int) -> bool:
+        return key in self.sums
 
-    def free(self, slot: int) -> None:
-        if self.sums.pop(slot, None) is not None:
-            self.used -= self.file_bytes
-            self.path(slot).unlink(missing_ok=True)
+    def remove(self, key: int) -> bool:
+        if self.sums.pop(key, None) is None:
+            return False
+        self.used -= self.file_bytes
+        self.path(key).unlink(missing_ok=True)
+        return True
+
+    def stats(self) -> StoreStats:
+        """Slots held; bytes of their files."""
+        return StoreStats(len(self.sums), self.used)
 
     def close(self) -> None:
         for slot in list(self.sums):
-            self.free(slot)
+            self.remove(slot)
         self._spare.clear()
         self._lent.clear()
 
 
-@dataclass
-class TierIOCounters:
-    """One tier's data movement (chunks; bytes; seconds of the copies and file I/O)."""
-
-    stores: int = 0
-    loads: int = 0  # chunk reads into device blocks (a partial chunk counts once)
-    bytes_written: int = 0
-    bytes_read: int = 0  # bytes copied into device blocks
-    write_s: float = 0.0
-    read_s: float = 0.0  # reads and checks at lookup (disk) plus the copies into the pool
-    read_errors: int = 0  # unreadable slots found (corrupt, truncated, missing): recomputed, never served
-    write_errors: int = 0  # failed stores (OSError: ENOSPC, EIO, a quota): not stored
+#: every medium by name (its ``kind``): a tier's store is chosen by this name, never by its position
+STORES: dict[str, type[TierStore]] = {"dram": DramStore, "disk": DiskStore}
 
 
-Store = DramStore | DiskStore
+def check_stores(names: list[str], tiers: list[str], *, has_dir: bool) -> None:
+    """ConfigError, before any work, unless ``names`` gives one known medium per tier (``tiers``: their names)
+    and a ``tier_dir`` (``has_dir``) exactly when a named medium needs one."""
+    if len(names) != len(tiers):
+        raise ConfigError(f"stores: {len(names)} names {names} for {len(tiers)} tiers {tiers}: give one per tier")
+    for name, medium in zip(tiers, names, strict=True):
+        if medium not in STORES:
+            raise ConfigError(f"tier {name!r}: store {medium!r} is not one of {', '.join(sorted(STORES))}")
+        if STORES[medium].needs_dir and not has_dir:
+            raise ConfigError(f"tier {name!r}: store {medium!r} needs tier_dir (the directory of its files)")
+    if has_dir and not any(STORES[m].needs_dir for m in names):
+        raise ConfigError(f"tier_dir holds the files of a store like 'disk': stores {names} name none")
 
 
-class TierIO:
-    """The :class:`~kvlab.tiers.stack.TierMover` of one engine: ``stores[level - 1]`` holds tier ``level``'s
-    slots; ``pool`` is the device pool. ``defer``: stores from blocks keyed now wait for :meth:`flush` (the
-    scheduler keys blocks when it schedules them, before the forward writes their K/V)."""
-
-    def __init__(self, pool: KVPool, stores: Sequence[Store], *, defer: bool = False,
-                 tier_dir: TierDir | None = None) -> None:
-        self.pool, self.stores, self.defer, self.dir = pool, list(stores), defer, tier_dir
-        self.counters = [TierIOCounters() for _ in self.stores]
-        self._staged: dict[tuple[int, int], torch.Tensor | None] = {}  # (level, slot) -> verified chunk, or bad
-        self._pending: dict[tuple[int, int], Callable] = {}  # deferred stores: (level, slot) -> its source
-        self.stack: object | None = None  # the TierStack it moves for, its tiers and load limit (attach_tiers)
-        self.tiers: list = []
-        self.max_load_tokens: int | None = None
-
-    # ------------------------------------------------------------------ the mover
-    def check(self, level: int, slot: int) -> bool:
-        if (level, slot) in self._pending:
-            return True
-        store = self.stores[level - 1]
-        if store.kind == "dram" or not store.has(slot):  # (no data: a failed deferred write, counted there)
-            return store.has(slot)
-        key = (level, slot)
-        if key in self._staged:
-            return self._staged[key] is not None
-        t0 = time.perf_counter()
-        try:
-            data = store.read(slot)
-        except TierReadError:
-            data = None
-            self.counters[level - 1].read_errors += 1
-        self.counters[level - 1].read_s += time.perf_counter() - t0
-        self._staged[key] = data
-        return data is not None
-
-    def store(self, level: int, slot: int, src_level: int, src: Sequence[int] | Callable, keyed: bool) -> bool:
-        key = (level, slot)
-        self._unstage(key)
-        self._pending.pop(key, None)
-        if keyed and self.defer:
-            self._pending[key] = src  # resolved after the forward pass (flush): the blocks holding the keys then
-            return True
-        if src_level and (src_level, src[0]) in self._pending:  # its K/V is not written yet: store it later too
-            self._pending[key] = self._pending[(src_level, src[0])]
-            return True
-        if src_level == 0:
-            return self._write_from_pool(level, slot, src() if keyed else src)
-        data = self._source(src_level, src[0])
-        if data is None:
-            return False
-        try:
-            return self._write(level, slot, lambda: data)
-        finally:
-            if (src_level, src[0]) not in self._staged:
-                self.stores[src_level - 1].recycle(data)
-
-    def load(self, level: int, slot: int, first: int, blocks: Sequence[int]) -> None:
-        key = (level, slot)
-        if key in self._pending:
-            self._flush_one(key)
-        c = self.counters[level - 1]
-        t0 = time.perf_counter()
-        data = self._staged.pop(key, None)
-        if data is None:
-            data = self._source(level, slot)
-            if data is None:  # (check passed at lookup: only a failure between lookup and load gets here)
-                raise TierReadError(errno.EIO, f"tier level {level}: slot {slot} became unreadable during a load")
-        store = self.stores[level - 1]
-        self.pool.data[self._ids(blocks)] = data[first:first + len(blocks)].to(
-            self.pool.device, non_blocking=store.kind == "dram")  # (a disk read buffer is reused right after)
-        store.recycle(data)
-        c.loads += 1
-        c.bytes_read += len(blocks) * self.pool.layout.bytes_per_block
-        c.read_s += time.perf_counter() - t0
-
-    def drop(self, level: int, slot: int) -> None:
-        key = (level, slot)
-        self._unstage(key)
-        self._pending.pop(key, None)
-        self.stores[level - 1].free(slot)
-
-    # ------------------------------------------------------------------ engine side
-    def flush(self) -> None:
-        """Run the deferred stores (their blocks' K/V is in the pool now)."""
-        while self._pending:
-            self._flush_one(next(iter(self._pending)))
-
-    def admitted(self) -> None:
-        """Forget staged reads that no load used (a request that did not fit looks its chunks up again)."""
-        for key in list(self._staged):
-            self._unstage(key)
-
-    def close(self) -> None:
-        """Free every slot (delete this run's files) and release the tier directory."""
-        self._pending.clear()
-        self._staged.clear()
-        for s in self.stores:
-            s.close()
-        if self.dir is not None:
-            self.dir.close()
-
-    def summary(self) -> list[dict]:
-        """Per tier (level 1 first): its store kind, read and write errors and seconds (the bytes and blocks
-        moved are the tier counters', kvlab.tiers.results)."""
-        return [{"store": s.kind, "read_errors": c.read_errors, "write_errors": c.write_errors, "read_s": c.read_s,
-                 "write_s": c.write_s} for s, c in zip(self.stores, self.counters, strict=True)]
-
-    # ------------------------------------------------------------------ mechanics
-    def _unstage(self, key: tuple[int, int]) -> None:
-        data = self._staged.pop(key, None)
-        if data is not None:
-            self.stores[key[0] - 1].recycle(data)
-
-    def _ids(self, ids: Sequence[int]) -> torch.Tensor:
-        return torch.as_tensor(list(ids), dtype=torch.long, device=self.pool.device)
-
-    def _flush_one(self, key: tuple[int, int]) -> None:
-        self._write_from_pool(key[0], key[1], self._pending.pop(key)())  # failed: check() finds no data there
-
-    def _write_from_pool(self, level: int, slot: int, ids: Sequence[int] | None) -> bool:
-        """Copy pool blocks ``ids`` into ``slot`` (None: the keys left the device before the copy, a failure)."""
-        if ids is None:
-            self.counters[level - 1].write_errors += 1
-            return False
-        return self._write(level, slot, lambda: self.pool.data[self._ids(ids)])
-
-    def _source(self, level: int, slot: int) -> torch.Tensor | None:
-        """Tier ``level``'s chunk in ``slot`` (staged, or read now), None (counted) if unreadable."""
-        data = self._staged.get((level, slot))
-        if data is not None:
-            return data
-        if not self.stores[level - 1].has(slot):
-            return None
-        t0 = time.perf_counter()
-        try:
-            return self.stores[level - 1].read(slot)
-        except TierReadError:
-            self.counters[level - 1].read_errors += 1
-            return None
-        finally:
-            self.counters[level - 1].read_s += time.perf_counter() - t0
-
-    def _write(self, level: int, slot: int, data: object) -> bool:
-        """Write ``data()`` (a chunk) into ``slot``; False (counted) on OSError."""
-        store, c = self.stores[level - 1], self.counters[level - 1]
-        t0 = time.perf_counter()
-        try:
-            store.write(slot, data())
-        except OSError:
-            c.write_errors += 1
-            store.free(slot)
-            return False
-        finally:
-            c.write_s += time.perf_counter() - t0
-        c.stores += 1
-        c.bytes_written += store.shape[0] * self.pool.layout.bytes_per_block
-        return True
+def make_store(medium: str, spec: StoreSpec) -> TierStore:
+    """The :data:`STORES` medium ``medium`` for the tier ``spec`` describes; ConfigError for an unknown name."""
+    cls = STORES.get(medium)
+    if cls is None:
+        raise ConfigError(f"tier {spec.name!r}: store {medium!r} is not one of {', '.join(sorted(STORES))}")
+    return cls.from_spec(spec)
