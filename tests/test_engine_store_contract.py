@@ -154,7 +154,7 @@ def workload():
 
 
 TIERS = [Tier(name="dram", capacity_blocks=4, write="write_back"), Tier(name="ssd", capacity_blocks=32)]
-COLS = ["hit_tokens", "hit_tokens_device", "hit_tokens_dram", "hit_tokens_ssd", "computed_tokens"]
+COLS = ["hit_tokens", "hit_tokens_device", "hit_tokens_dram", "hit_tokens_ssd"]
 
 
 def run_with(model, tmp_path: Path, stores: list[str] | None, on_disk: bool = True):
