@@ -242,8 +242,8 @@ METRICS: dict[str, Metric] = _table(
     _m("readmission_hit_tokens", "tokens", "Σ readmission_hit_tokens of admitted requests", SERVING),
     _m("recomputed_tokens", "tokens", "Σ over admitted requests of computed_tokens − (prompt − hit tokens) − "
        "(output − 1): work redone after preemption", SERVING),
-    _m("computed_tokens", "tokens", "Σ computed_tokens of admitted requests (prompt tokens run through the model)",
-       ("engine",)),
+    _m("computed_prompt_tokens", "tokens", "Σ computed_prompt_tokens of admitted requests (prompt tokens run "
+       "through the model; engine results before the rename: computed_tokens)", ("engine",)),
     _m("generated_tokens", "tokens", "Σ generated_tokens (first token included)", ("engine",)),
     _m("decode_truncated", "requests", "requests whose decode stopped early for want of a free block", ("engine",)),
     _m("false_hit_blocks", "blocks", "Σ hit blocks whose true identity differs: wrong reuse", ("engine",)),
@@ -365,11 +365,12 @@ COLUMNS: dict[str, Metric] = _table(
     _m("preemptions", "count", "times the request was preempted (recompute)", SERVING),
     _m("readmission_hit_blocks", "blocks", "blocks hit at re-admissions after preemption, summed", SERVING),
     _m("readmission_hit_tokens", "tokens", "readmission_hit_blocks × block_size", SERVING),
-    _m("computed_prompt_tokens", "tokens", "tokens computed at prompt positions, recomputation included", SERVING),
+    _m("computed_prompt_tokens", "tokens", "tokens computed at prompt positions, recomputation included (engine: "
+       "prompt_tokens − hit_tokens; its results before the rename: computed_tokens)", TIMED),
     _m("prefill_tokens", "tokens", "tokens computed in prefill chunks (until a token is sampled after an admission)",
        SERVING),
-    _m("computed_tokens", "tokens", "tokens run through the model: engine, the prompt's uncached part (prompt_tokens "
-       "− hit_tokens); serving, every token incl. decode and recomputation", TIMED),
+    _m("computed_tokens", "tokens", "every token run through the model for the request, decode and recomputation "
+       "included", SERVING),
     _m("rejected", "bool", "rejected at arrival: an empty prompt, or its whole sequence never fits the pool",
        SERVING),
     # engine
@@ -380,7 +381,7 @@ COLUMNS: dict[str, Metric] = _table(
     _m("gather_s", "s", "prefill phase: hit blocks, pool → working cache", ("engine",)),
     _m("forward_s", "s", "prefill phase: the model on the uncached suffix", ("engine",)),
     _m("scatter_s", "s", "prefill phase: new K/V, working cache → pool, and keying", ("engine",)),
-    _m("prefill_tokens_per_s", "tokens/s", "computed_tokens / prefill_s (0 if not admitted)", ("engine",)),
+    _m("prefill_tokens_per_s", "tokens/s", "computed_prompt_tokens / prefill_s (0 if not admitted)", ("engine",)),
     _m("kv_blocks_in_use", "blocks", "pool blocks held by running requests right after this prefill", ("engine",)),
     _m("kv_bytes_in_use", "bytes", "kv_blocks_in_use × kv_bytes_per_block", ("engine",)),
     _m("kv_bytes_cached", "bytes", "cached_blocks × kv_bytes_per_block", ("engine",)),

@@ -35,6 +35,15 @@ ALIASES: dict[str, str] = {
 }
 
 
+#: driver (``manifest.json``'s ``driver``) -> {old name -> current name}: a name that meant something else in
+#: that driver's results only. The engine's ``computed_tokens`` counted the prompt tokens run through the model;
+#: the simulator's counts every executed token (decode and recomputation too), so the engine now writes that
+#: count as ``computed_prompt_tokens``, the simulator's name for it.
+DRIVER_ALIASES: dict[str, dict[str, str]] = {
+    "engine": {"computed_tokens": "computed_prompt_tokens"},
+}
+
+
 #: old keyword argument / attribute -> current name, in the Python API only (constructors and functions).
 #: Not a config, summary or column alias: ``num_blocks`` still means blocks per request elsewhere
 #: (``EncodedWorkload.num_blocks``) and the physical size of a KV pool tensor (``KVPool.num_blocks``).
@@ -70,9 +79,11 @@ def renamed_attribute(name: str) -> property:
     return property(read, doc=f"The old name of ``{name}`` (read-only).")
 
 
-def canonical(name: str) -> str:
-    """The current spelling of ``name``."""
-    return ALIASES.get(name, name)
+def canonical(name: str, driver: object = None) -> str:
+    """The current spelling of ``name``; ``driver`` (a manifest's, may be anything): its
+    :data:`DRIVER_ALIASES` apply first."""
+    scoped = DRIVER_ALIASES.get(driver, {}) if isinstance(driver, str) else {}
+    return scoped.get(name) or ALIASES.get(name, name)
 
 
 class Summary(dict):
@@ -86,25 +97,29 @@ class Summary(dict):
         return self[new]
 
 
-def canonical_keys(data: Mapping[str, object]) -> dict[str, object]:
-    """``data`` with old keys renamed; where both spellings are present the current one wins."""
+def canonical_keys(data: Mapping[str, object], driver: object = None) -> dict[str, object]:
+    """``data`` with old keys renamed (``driver``'s too, :func:`canonical`); where both spellings are present the
+    current one wins."""
     out: dict[str, object] = Summary()
     for key, value in data.items():
-        new = canonical(key)
+        new = canonical(key, driver)
         if new != key and new in data:
             continue
         out[new] = value
     return out
 
 
-def canonical_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with old column names renamed (a copy only when something changes)."""
-    renames = {c: canonical(c) for c in frame.columns if canonical(c) != c and canonical(c) not in frame.columns}
+def canonical_columns(frame: pd.DataFrame, driver: object = None) -> pd.DataFrame:
+    """``frame`` with old column names renamed (``driver``'s too, :func:`canonical`; a copy only when something
+    changes)."""
+    renames = {c: canonical(c, driver) for c in frame.columns
+               if canonical(c, driver) != c and canonical(c, driver) not in frame.columns}
     return frame.rename(columns=renames) if renames else frame
 
 
 __all__ = [
     "ALIASES",
+    "DRIVER_ALIASES",
     "KEYWORD_ALIASES",
     "Summary",
     "canonical",

@@ -123,7 +123,7 @@ def test_prefill_with_and_without_hits_equals_uncached_forward(shape, model):
     for tail, want_hits in ((5, 0), (9, 5), (3, 5)):
         prompt = np.r_[doc, rng.integers(0, 1024, tail)]
         res = eng.prefill(Request(prompt))
-        assert res.hit_blocks == want_hits and res.computed_tokens == len(prompt) - 8 * want_hits
+        assert res.hit_blocks == want_hits and res.computed_prompt_tokens == len(prompt) - 8 * want_hits
         ref_logits, ref_kv = uncached(m, prompt)
         assert (res.logits - ref_logits).abs().max() <= ATOL
         pool_kv = eng.pool.gather([b.block_id for b in res.state.blocks], len(prompt))
@@ -360,10 +360,10 @@ def test_run_results_save_and_read_back(model, tmp_path):
     back = read_results(out)
     assert back.manifest["driver"] == "engine" and back.manifest["config"]["model_id"] == "random:tiny-llama:seed0"
     f = back.requests
-    for col in ("ttft_s", "prefill_s", "computed_tokens", "prefill_tokens_per_s", "kv_bytes_in_use",
+    for col in ("ttft_s", "prefill_s", "computed_prompt_tokens", "prefill_tokens_per_s", "kv_bytes_in_use",
                 "kv_bytes_cached", "tpot_s", "verify_passed", "verify_logit_max_abs", "false_hit_blocks"):
         assert col in f.columns
-    assert (f["computed_tokens"] + f["hit_tokens"] == f["prompt_tokens"]).all()
+    assert (f["computed_prompt_tokens"] + f["hit_tokens"] == f["prompt_tokens"]).all()
     assert (f["ttft_s"] > 0).all() and ((f["generated_tokens"] == 3) | f["decode_truncated"]).all()
     assert (f["generated_tokens"] == 1 + f["decode_steps"]).all() and f["decode_steps"].sum() > 0
     assert back.summary["prefill_throughput"] > 0 and back.summary["capacity_bytes"] == 8 * 4 * 2048
@@ -411,3 +411,24 @@ def test_summary_latency_is_the_one_definition_nan_when_nothing_admitted(model):
     empty = engine(model, capacity_blocks=3).run(from_lists([np.arange(25)]))  # 4 blocks > 3: none admitted
     assert empty.summary["rejected_requests"] == 1
     assert all(math.isnan(empty.summary[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))
+
+
+def test_engine_results_written_before_the_computed_tokens_rename_read_under_todays_name(model, tmp_path):
+    """The engine's computed_tokens (prompt tokens run through the model) is computed_prompt_tokens now, as the
+    simulator names that count; an engine run written under the old name reads under the new one (kvlab.names),
+    a simulator's computed_tokens (every executed token) stays as it is."""
+    from dataclasses import replace
+
+    from kvlab.names import canonical_columns
+
+    res = engine(model, capacity_blocks=8, block_size=4).run(from_lists([np.arange(9), np.arange(13)]))
+    assert "computed_tokens" not in res.requests and "computed_tokens" not in res.summary
+    old_frame = res.requests.rename(columns={"computed_prompt_tokens": "computed_tokens"})
+    old_summary = {("computed_tokens" if k == "computed_prompt_tokens" else k): v for k, v in res.summary.items()}
+    back = read_results(replace(res, requests=old_frame, summary=old_summary).save(tmp_path / "old"))
+    assert back.summary["computed_prompt_tokens"] == res.summary["computed_prompt_tokens"] == 9 + (13 - 8)  # 2 hits
+    assert back.requests["computed_prompt_tokens"].tolist() == res.requests["computed_prompt_tokens"].tolist()
+    assert "computed_tokens" not in back.requests
+    sim_like = pd.DataFrame({"computed_tokens": [3]})
+    assert list(canonical_columns(sim_like, "simulator").columns) == ["computed_tokens"]
+    assert engine(model).prefill(Request(np.arange(9))).computed_tokens == 9  # the old attribute name reads

@@ -116,7 +116,7 @@ def test_bad_block_files_are_detected_counted_and_recomputed(model, tmp_path, fa
     assert rows["hit_tokens_ssd"].iloc[0] == 0 and rows["hit_tokens_ssd"].iloc[1] == 0
     assert res.summary["verify_pass_rate"] == 1.0
     assert res.summary["tiers"][0]["read_errors"] >= 1
-    assert rows["computed_tokens"].iloc[0] == rows["prompt_tokens"].iloc[0]  # recomputed, not served
+    assert rows["computed_prompt_tokens"].iloc[0] == rows["prompt_tokens"].iloc[0]  # recomputed, not served
     # the bad slot was dropped and the recomputed blocks stored again: readable from disk once more
     again = eng.run(workload(order=(1, 2, 3, 4, 0)), verify=True)
     assert again.requests["hit_tokens_ssd"].iloc[-1] > 0 and again.summary["verify_pass_rate"] == 1.0

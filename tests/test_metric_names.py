@@ -32,7 +32,7 @@ from kvlab.metrics import (
     metrics_markdown,
     table_name,
 )
-from kvlab.names import ALIASES
+from kvlab.names import ALIASES, DRIVER_ALIASES
 from kvlab.replay import replay
 from kvlab.sim import simulate
 from kvlab.sim.engine_executor import run_engine_serving
@@ -164,6 +164,9 @@ def test_no_current_name_is_an_old_name(outputs):
             assert not written & set(ALIASES), (driver, sorted(written & set(ALIASES)))
     # every rename leads to a name of the vocabulary
     assert set(ALIASES.values()) <= set(METRICS) | set(COLUMNS) | set(TIMESERIES)
+    for driver, renames in DRIVER_ALIASES.items():  # a driver's own renames: it writes no old name any more
+        assert not set().union(*outputs[driver].values()) & set(renames), driver
+        assert set(renames.values()) <= set(METRICS) | set(COLUMNS) | set(TIMESERIES)
 
 
 def test_one_concept_one_name_across_drivers(outputs):
@@ -186,7 +189,7 @@ def test_one_concept_one_name_across_drivers(outputs):
     for driver in DRIVERS:
         assert columns <= outputs[driver]["requests.parquet"], driver
         if driver != "replay":
-            assert {"ttft_s", "tpot_s", "computed_tokens"} <= outputs[driver]["requests.parquet"], driver
+            assert {"ttft_s", "tpot_s", "computed_prompt_tokens"} <= outputs[driver]["requests.parquet"], driver
     tiers_only = {name for name, m in TIMESERIES.items() if m.drivers == ("simulator",)}  # no tiers in the engine
     assert outputs["simulator"]["timeseries.parquet"] - {"instance"} - tiers_only <= outputs["engine-serving"][
         "timeseries.parquet"]

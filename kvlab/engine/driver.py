@@ -262,7 +262,7 @@ class Engine(PagedModel):
         )
         return PrefillResult(
             admitted=True, prompt_tokens=p, full_blocks=full, hit_blocks=start // bs, hit_tokens=min(start, p),
-            computed_tokens=p - start, new_blocks=kv.new_blocks, evictions=kv.evictions,
+            computed_prompt_tokens=p - start, new_blocks=kv.new_blocks, evictions=kv.evictions,
             orphan_evictions=kv.orphan_evictions, false_hit_blocks=false_hits,
             first_token=first, logits=logits, lookup_s=t1 - t0, gather_s=t2 - t1, forward_s=t3 - t2,
             scatter_s=t4 - t3, prefill_s=t4 - t0, state=state, hash_s=hash_s,
@@ -431,7 +431,7 @@ class Engine(PagedModel):
         row: dict = {
             "admitted": res.admitted, "hit_blocks": res.hit_blocks, "new_blocks": res.new_blocks,
             "evictions": res.evictions, "orphan_evictions": res.orphan_evictions,
-            "false_hit_blocks": res.false_hit_blocks, "computed_tokens": res.computed_tokens,
+            "false_hit_blocks": res.false_hit_blocks, "computed_prompt_tokens": res.computed_prompt_tokens,
             "ttft_s": res.prefill_s if res.admitted else np.nan, "prefill_s": res.prefill_s if res.admitted else 0.0,
             "lookup_s": res.lookup_s,
             "gather_s": res.gather_s, "forward_s": res.forward_s, "scatter_s": res.scatter_s,
@@ -488,8 +488,8 @@ class Engine(PagedModel):
             wall_seconds=wall,
             prefill_busy_s=prefill_s,
             decode_busy_s=decode_s,
-            computed_tokens=int(adm["computed_tokens"].sum()),
-            prefill_throughput=float(adm["computed_tokens"].sum()) / prefill_s if prefill_s else 0.0,
+            computed_prompt_tokens=int(adm["computed_prompt_tokens"].sum()),
+            prefill_throughput=float(adm["computed_prompt_tokens"].sum()) / prefill_s if prefill_s else 0.0,
             effective_prefill_throughput=float(adm["prompt_tokens"].sum()) / prefill_s if prefill_s else 0.0,
             decode_throughput=float(adm["decode_steps"].sum()) / decode_s if decode_s else 0.0,
             **latency_stats(frame, columns=("ttft_s",)),  # NaN when nothing was admitted, as the simulator's

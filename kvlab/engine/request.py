@@ -16,6 +16,7 @@ import torch
 
 from kvlab.cache import AccessContext, KVBlock
 from kvlab.errors import ConfigError
+from kvlab.names import renamed_attribute
 from kvlab.workload.workload import Workload
 
 
@@ -142,7 +143,7 @@ class PrefillResult:
     full_blocks: int
     hit_blocks: int = 0
     hit_tokens: int = 0
-    computed_tokens: int = 0
+    computed_prompt_tokens: int = 0
     new_blocks: int = 0
     evictions: int = 0
     orphan_evictions: int = 0
@@ -156,6 +157,9 @@ class PrefillResult:
     prefill_s: float = 0.0
     state: SequenceState | None = None
     hash_s: float = 0.0
+
+    #: the old name of ``computed_prompt_tokens`` (the prompt tokens this prefill ran through the model)
+    computed_tokens = renamed_attribute("computed_prompt_tokens")
 
 
 @dataclass

@@ -42,7 +42,7 @@ def request_frame(workload: Workload, rows: list[dict], ideal: np.ndarray, block
                            labels=ENGINE_LABELS)
     extra = cols.drop(columns=[c for c in frame.columns if c in cols.columns])
     frame = pd.concat([frame, extra.set_index(frame.index)], axis=1)
-    comp = frame["computed_tokens"].to_numpy(np.float64)
+    comp = frame["computed_prompt_tokens"].to_numpy(np.float64)
     secs = frame["prefill_s"].to_numpy(np.float64)
     frame["prefill_tokens_per_s"] = np.divide(comp, secs, out=np.zeros_like(comp), where=secs > 0)
     steps = frame["decode_steps"].to_numpy(np.float64)

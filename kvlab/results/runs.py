@@ -37,7 +37,7 @@ def table_row(manifest: dict, summary: dict) -> dict:
     tiers, the summary's ``tiers`` list as JSON and flat per-tier columns (:func:`tier_row`)."""
     identity = manifest["identity"]
     params = identity["config"].get("policy_params") or {}
-    summary = canonical_keys(summary)  # runs written before a rename read under today's names (kvlab.names)
+    summary = canonical_keys(summary, manifest.get("driver"))  # runs written before a rename: today's names
     tiers = summary.pop("tiers", None)
     experiment = manifest.get("experiment")  # kvlab run: the run's config fields by dotted path, first
     row = {

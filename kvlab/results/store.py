@@ -501,9 +501,10 @@ def _read_snapshot(path: Path) -> RunResult:
         raise ResultsError(f"{path / SUMMARY}: not valid JSON, truncated or corrupt ({_one_line(exc)})") from None
     if not isinstance(summary, dict):
         raise ResultsError(f"{path / SUMMARY}: expected a JSON object")
-    tables = {name: canonical_columns(frame) for name, frame in tables.items()}
-    check_columns(path, manifest.get("driver"), tables)
-    return RunResult(path=path, tables=tables, summary=canonical_keys(summary), manifest=manifest)
+    driver = manifest.get("driver")  # old names of this driver's results too (kvlab.names.DRIVER_ALIASES)
+    tables = {name: canonical_columns(frame, driver) for name, frame in tables.items()}
+    check_columns(path, driver, tables)
+    return RunResult(path=path, tables=tables, summary=canonical_keys(summary, driver), manifest=manifest)
 
 
 def read_results(path: str | Path) -> RunResult:
