@@ -78,12 +78,12 @@ from fidelity import TARGET_MEDIAN, TARGET_P90, held_out_trace, print_step_level
 
 from kvlab.engine import Engine, build_random_model  # noqa: E402
 from kvlab.engine.tiers.measure import disk_profile, measure_disk, measure_dram, medium_preset  # noqa: E402
+from kvlab.profiles import ModelProfile  # noqa: E402
 from kvlab.results import build_manifest, write_results  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.sim.calibrate import QUICK_GRID, grid_for_limits, serving_batch_sizes  # noqa: E402
 from kvlab.sim.engine_executor import engine_model_profile  # noqa: E402
 from kvlab.sim.fidelity import FidelityResult, fidelity, ttft_errors  # noqa: E402
-from kvlab.sim.profiles import ModelProfile  # noqa: E402
 from kvlab.tiers import Tier  # noqa: E402
 
 

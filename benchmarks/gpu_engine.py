@@ -76,7 +76,7 @@ def peak_flops(device: torch.device, flag: float | None) -> tuple[float | None, 
     if profile is None:
         return None, "unknown device: pass --peak-tflops"
     try:
-        from kvlab.sim.profiles import load_hardware
+        from kvlab.profiles import load_hardware
 
         return float(load_hardware(profile).peak_flops), f"kvlab hardware profile {profile}"
     except Exception:  # the simulator package unimportable here: read the shipped JSON directly

@@ -169,9 +169,9 @@ def _check_sim_gib(args: argparse.Namespace, gib: list[float]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Serving simulation: scheduler + cost model in simulated time (or the real engine); one results folder."""
+    from kvlab.profiles import load_hardware, load_model
     from kvlab.results import check_output_location
     from kvlab.sim import simulate
-    from kvlab.sim.profiles import load_hardware, load_model
 
     _selection(args.trace, args)
     config = _sim_config(args)
@@ -253,7 +253,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if (args.max_new_tokens is None) != (args.max_context is None):
         raise ConfigError("calibrate: give --max-new-tokens and --max-context together")
     from kvlab.engine.model import shape_config
-    from kvlab.sim.profiles import load_hardware
+    from kvlab.profiles import load_hardware
 
     _flagged("--engine-model", shape_config, args.engine_model)
     if args.base_hardware is not None:

@@ -93,7 +93,7 @@ def _check_model(args: argparse.Namespace, axes: list[list[Tier]]) -> None:
     """``--model`` names a known profile and something uses it (``--capacity-gib`` or ``--tier``); a ``gib=``
     tier or ``--capacity-gib`` has one (``--max-load-tokens``: tier_axes)."""
     from kvlab.cli_common import check_capacity_gib, flagged
-    from kvlab.sim.profiles import load_model
+    from kvlab.profiles import load_model
 
     if args.model is not None:
         if not args.tier and args.capacity_gib is None:  # dropped from every run (kvlab.sweep.grid): refused
@@ -107,7 +107,7 @@ def _check_model(args: argparse.Namespace, axes: list[list[Tier]]) -> None:
             raise ConfigError(f"--tier {text!r}: gib= needs --model (the model profile gives the KV bytes per "
                               "block)")
     if args.model is not None and args.block_size is not None:  # gib= sizes in range, before the trace is read
-        from kvlab.tiers.results import resolve_tiers
+        from kvlab.profiles import resolve_tiers
 
         for tiers in axes:
             flagged("--tier", resolve_tiers, tiers, args.model, args.block_size)

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
+from kvlab.profiles import load_model
 from kvlab.replay import ReplayConfig, encode, replay
-from kvlab.sim.profiles import load_model
 from kvlab.stats import trace_stats
 from kvlab.units import GIB
 from kvlab.workload.load import load_trace

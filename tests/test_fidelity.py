@@ -19,8 +19,9 @@ from _util import tiny_chat
 
 from kvlab.cli import main
 from kvlab.engine import Engine, build_random_model
+from kvlab.profiles import load_hardware, load_model
 from kvlab.results import read_results
-from kvlab.sim import CostModel, load_hardware, load_model, simulate
+from kvlab.sim import CostModel, simulate
 from kvlab.sim.calibrate import (
     DEFAULT_GRID,
     QUICK_GRID,

@@ -15,7 +15,8 @@ import torch
 from _util import tiny_chat
 
 from kvlab.engine import Engine, build_random_model
-from kvlab.sim import CostModel, load_hardware, simulate
+from kvlab.profiles import load_hardware
+from kvlab.sim import CostModel, simulate
 from kvlab.sim.calibrate import QUICK_GRID
 from kvlab.sim.engine_executor import run_engine_serving
 from kvlab.sim.fidelity import fidelity, zero_arrivals

@@ -8,16 +8,8 @@ import numpy as np
 import pytest
 
 from kvlab.errors import ConfigError
-from kvlab.sim import (
-    CostModel,
-    HardwareProfile,
-    attention_pairs,
-    kv_pool_blocks,
-    load_hardware,
-    load_model,
-    shipped_hardware,
-    shipped_models,
-)
+from kvlab.profiles import HardwareProfile, kv_pool_blocks, load_hardware, load_model, shipped_hardware, shipped_models
+from kvlab.sim import CostModel, attention_pairs
 from kvlab.sim.cost import attention_pairs_array
 
 # seed 003's illustrative GPU: 300 TFLOP/s, 2 TB/s, ridge ~150 FLOP/byte

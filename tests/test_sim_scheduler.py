@@ -14,9 +14,9 @@ from kvlab.cache import PrefixCache
 from kvlab.cache.manager import KVCacheManager
 from kvlab.cli import main
 from kvlab.hashing import BlockHasher
+from kvlab.profiles import load_model
 from kvlab.results import read_results
 from kvlab.sim import Request, Scheduler, SimClock, SimConfig, WallClock, scaled_arrivals, simulate
-from kvlab.sim.profiles import load_model
 from kvlab.sim.simulator import route_requests
 from kvlab.workload import from_lists, save_jsonl, synthetic_chat, zipf_blocks
 

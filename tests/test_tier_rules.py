@@ -314,7 +314,7 @@ def test_nan_latency_in_a_medium_preset_file_is_refused(tmp_path, capsys, trace)
 
 
 def test_nan_or_bool_in_profiles_is_refused(tmp_path):
-    from kvlab.sim.profiles import load_hardware, load_model
+    from kvlab.profiles import load_hardware, load_model
 
     hw = load_hardware("h100").to_dict()
     (tmp_path / "hw.json").write_text(json.dumps({**hw, "peak_flops": float("nan")}))
@@ -340,8 +340,8 @@ def test_tensor_parallel_must_divide_the_heads(tmp_path, capsys, trace):
     line = cli_error(capsys, ["simulate", str(trace), "--model", "llama-3-8b", "--tensor-parallel", "3", "--out",
                               str(tmp_path / "s14")])
     assert "--tensor-parallel 3 does not divide llama-3-8b's 32 attention heads and 8 KV heads" in line, line
+    from kvlab.profiles import load_model
     from kvlab.sim.cost import CostModel
-    from kvlab.sim.profiles import load_model
 
     with pytest.raises(ConfigError, match="tensor_parallel 3 does not divide"):
         CostModel(load_model("llama-3-8b"), "h100", tensor_parallel=3)

@@ -228,7 +228,7 @@ class Experiment(Schema):
     hasher: HasherSpec = Field(default_factory=HasherSpec)
     cache: CacheSpec
     driver: Literal["replay", "simulate", "engine"] = "replay"
-    model: str | None = None  # a model profile (kvlab.sim.profiles): capacity_gib, tier sizes, the simulator
+    model: str | None = None  # a model profile (kvlab.profiles): capacity_gib, tier sizes, the simulator
     hardware: str | None = None  # a hardware profile (simulate; default h100)
     seed: Seed = 0
     simulate: dict = Field(default_factory=dict)  # SimConfig fields (rate, max_num_seqs...), driver simulate
@@ -261,7 +261,7 @@ class Experiment(Schema):
     @classmethod
     def _model_known(cls, value: str | None) -> str | None:
         if value is not None:
-            from kvlab.sim.profiles import load_model
+            from kvlab.profiles import load_model
 
             load_model(value)
         return value
@@ -270,7 +270,7 @@ class Experiment(Schema):
     @classmethod
     def _hardware_known(cls, value: str | None) -> str | None:
         if value is not None:
-            from kvlab.sim.profiles import load_hardware
+            from kvlab.profiles import load_hardware
 
             load_hardware(value)
         return value
@@ -534,7 +534,7 @@ def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int
         blocks = cache.capacity_tokens // block_size
         what = f"capacity_tokens {cache.capacity_tokens}"
     else:
-        from kvlab.sim.profiles import load_model
+        from kvlab.profiles import load_model
 
         per_block = block_size * load_model(model).kv_bytes_per_token
         blocks = math.floor(cache.capacity_gib * GIB / per_block)

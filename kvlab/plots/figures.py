@@ -139,7 +139,7 @@ def capacity_axis(table: pd.DataFrame) -> tuple[pd.DataFrame, str, str, dict]:
     """``(table, x column, x label, caption note)`` of a capacity figure: GiB of KV where the runs give the
     capacity in GiB (``cache.capacity_gib``) or a model is known (blocks converted with the model's KV bytes per
     block into a ``capacity_gib`` column), else blocks. The caption note maps each x value to its blocks."""
-    from kvlab.tiers.results import kv_bytes_per_block
+    from kvlab.profiles import kv_bytes_per_block
 
     blocks = "cache.capacity_blocks" if "cache.capacity_blocks" in table and \
         table["cache.capacity_blocks"].notna().all() else "capacity_blocks"

@@ -31,6 +31,7 @@ from kvlab.metrics import summarize
 from kvlab.names import canonical_keys
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.policies.base import resolved_policy_params
+from kvlab.profiles import kv_bytes_per_block, resolve_tiers
 from kvlab.results import build_manifest, write_results
 from kvlab.results.frame import requests_frame
 from kvlab.schema import (
@@ -46,7 +47,7 @@ from kvlab.schema import (
 )
 from kvlab.tiers import Tier, TierCounters, TierStack
 from kvlab.tiers.compiled import TieredReplay
-from kvlab.tiers.results import compiled_tiers, resolve_tiers, tier_columns, tier_summary
+from kvlab.tiers.results import compiled_tiers, tier_columns, tier_summary
 from kvlab.tiers.spec import checked_tier_options
 from kvlab.workload.workload import Workload, require_workload
 
@@ -208,7 +209,8 @@ def replay(
         compile_seconds=compile_s,
     )
     if config.tiers:
-        summary.update(tier_summary(frame, counters, config.tiers, encoded.block_size, config.model))
+        summary.update(tier_summary(frame, counters, config.tiers, encoded.block_size,
+                                    kv_bytes_per_block(config.model, encoded.block_size)))
     trace = {"source": workload.source, "sha256": workload.checksum, **workload.identity()}
     return ReplayResult(frame, summary, config, trace)
 

@@ -1,5 +1,7 @@
 """The serving simulator: the shared cache core and a vLLM-like scheduler driven by a roofline cost model.
 
+Model and hardware profiles are :mod:`kvlab.profiles` (below every driver).
+
 The real-engine executor (:mod:`kvlab.sim.engine_executor`: ``EngineExecutor``, ``run_engine_serving``,
 ``engine_model_profile``) imports torch and the engine, so it is loaded on first use of one of its names;
 calibration (:mod:`kvlab.sim.calibrate`) and the fidelity study (:mod:`kvlab.sim.fidelity`) load it when they
@@ -10,15 +12,6 @@ from kvlab.sim.calibrate import Calibration, CalibrationFit, calibrate, fit_cost
 from kvlab.sim.clocks import ThreadClock
 from kvlab.sim.cost import CostModel, StepBreakdown, attention_pairs
 from kvlab.sim.fidelity import FidelityResult, fidelity
-from kvlab.sim.profiles import (
-    HardwareProfile,
-    ModelProfile,
-    kv_pool_blocks,
-    load_hardware,
-    load_model,
-    shipped_hardware,
-    shipped_models,
-)
 from kvlab.sim.scheduler import Executor, Request, RequestStatus, Scheduler, SimClock, WallClock
 from kvlab.sim.simulator import CostModelExecutor, SimConfig, SimResult, scaled_arrivals, simulate
 
@@ -43,8 +36,6 @@ __all__ = [
     "EngineServingResult",
     "Executor",
     "FidelityResult",
-    "HardwareProfile",
-    "ModelProfile",
     "Request",
     "RequestStatus",
     "Scheduler",
@@ -59,13 +50,8 @@ __all__ = [
     "engine_model_profile",
     "fidelity",
     "fit_cost_model",
-    "kv_pool_blocks",
-    "load_hardware",
-    "load_model",
     "measure_steps",
     "run_engine_serving",
     "scaled_arrivals",
-    "shipped_hardware",
-    "shipped_models",
     "simulate",
 ]

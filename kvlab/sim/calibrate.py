@@ -44,9 +44,9 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
+from kvlab.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.cost import CostModel
 from kvlab.sim.fit import Point, _features, batch_knots, fit_rates, rates_to_profile
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 
 if TYPE_CHECKING:  # torch-backed: the engine modules are imported on first use
     from kvlab.engine.compute import PagedModel

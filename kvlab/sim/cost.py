@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.errors import ConfigError
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, check_tensor_parallel, load_hardware, load_model
+from kvlab.profiles import HardwareProfile, ModelProfile, check_tensor_parallel, load_hardware, load_model
 
 
 def attention_pairs(n: int, c: int, window: int | None) -> int:

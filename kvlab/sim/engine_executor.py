@@ -40,11 +40,11 @@ from kvlab.engine.compute import PagedModel, sync_device
 from kvlab.engine.driver import Engine
 from kvlab.engine.tiers import TierIO, attach_tiers, tier_config, tier_results
 from kvlab.errors import ConfigError
+from kvlab.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.results import build_manifest, write_results
 from kvlab.schema import BlockSize, CapacityBlocks, PositiveInt, Seed
 from kvlab.sim.clocks import StoppedClock, gc_paused, make_clock, timer_function
 from kvlab.sim.cost import CostModel
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.scheduler import Entry, Request, Scheduler
 from kvlab.sim.simulator import (
     SimConfig,

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
+from kvlab.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.calibrate import (
     Calibration,
     calibrate,
@@ -32,7 +33,6 @@ from kvlab.sim.calibrate import (
     serving_batch_sizes,
 )
 from kvlab.sim.cost import CostModel
-from kvlab.sim.profiles import HardwareProfile, ModelProfile, load_hardware
 from kvlab.sim.simulator import SimResult, simulate
 from kvlab.sim.steps import predict_steps, step_errors, step_noise
 from kvlab.workload.workload import Workload

@@ -3,7 +3,7 @@
 Each measured batch is turned into features per group of work (a packed step, or one forward of the sequential
 engine): ``[lin FLOPs, attention FLOPs, bytes, prefill entries, entries]``. :func:`fit_rates` finds the inverse
 rates, overheads and per-batch-size overheads that minimise the relative residuals, all non-negative, and
-:func:`rates_to_profile` turns them into a calibrated :class:`~kvlab.sim.profiles.HardwareProfile`. Units:
+:func:`rates_to_profile` turns them into a calibrated :class:`~kvlab.profiles.HardwareProfile`. Units:
 seconds, FLOPs, bytes.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvlab.errors import ConfigError
+from kvlab.profiles import HardwareProfile
 from kvlab.sim.cost import CostModel, num_prefills
-from kvlab.sim.profiles import HardwareProfile
 
 Point = tuple[tuple[int, int], ...]  # a batch: entries (new tokens, cached context)
 

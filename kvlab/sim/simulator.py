@@ -31,6 +31,14 @@ from kvlab.errors import ConfigError
 from kvlab.metrics import latency_stats, summarize
 from kvlab.names import canonical_keys
 from kvlab.policies.base import resolved_policy_params
+from kvlab.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    check_tensor_parallel,
+    kv_pool_blocks,
+    load_hardware,
+    load_model,
+)
 from kvlab.results import build_manifest, write_results
 from kvlab.results.frame import DRIVER_COLUMNS, requests_frame
 from kvlab.schema import (
@@ -43,14 +51,6 @@ from kvlab.schema import (
     check_policy_params,
 )
 from kvlab.sim.cost import CostModel
-from kvlab.sim.profiles import (
-    HardwareProfile,
-    ModelProfile,
-    check_tensor_parallel,
-    kv_pool_blocks,
-    load_hardware,
-    load_model,
-)
 from kvlab.sim.scheduler import Entry, Request, RequestStatus, Scheduler, SimClock
 from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's public names (route_requests, ...)
     ROUTERS,
@@ -155,7 +155,7 @@ class SimConfig(Schema):
 
     @model_validator(mode="after")
     def _tensor_parallel_fits(self) -> SimConfig:
-        """tensor_parallel divides the model's heads (kvlab.sim.profiles.check_tensor_parallel), checked here
+        """tensor_parallel divides the model's heads (kvlab.profiles.check_tensor_parallel), checked here
         for a model named by a shipped name or file; a ModelProfile given to simulate() is checked by CostModel."""
         if self.tensor_parallel > 1:
             try:

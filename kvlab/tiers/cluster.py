@@ -34,10 +34,11 @@ from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
+from kvlab.profiles import kv_bytes_per_block, resolve_tiers
 from kvlab.replay import ReplayConfig, encode, resolve_config
 from kvlab.replay.replay import _requests_frame, admit_requests
 from kvlab.results import build_manifest, write_results
-from kvlab.tiers.results import kv_bytes_per_block, resolve_tiers, tier_columns, tier_summary
+from kvlab.tiers.results import tier_columns, tier_summary
 from kvlab.tiers.spec import Tier, check_tiers
 from kvlab.tiers.stack import LowerTier, TierCounters, TierStack
 from kvlab.workload.workload import Workload
@@ -195,8 +196,8 @@ def _tiers_summary(frame: pd.DataFrame, stacks: list[TierStack | None], private:
     merged = [_merged([s.tiers[i] for s in stacks if s is not None]) for i in range(len(private))]
     if shared is not None:
         merged.append(_merged([stacks[0].tiers[-1]]))
-    out = tier_summary(frame, [m.counters for m in merged], levels, bs, model)
     per_block = kv_bytes_per_block(model, bs)
+    out = tier_summary(frame, [m.counters for m in merged], levels, bs, per_block)
     for row, m, t in zip(out["tiers"], merged, levels, strict=True):
         row["shared"] = t is shared
         row["resident_blocks"] = m.resident * m.chunk

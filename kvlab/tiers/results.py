@@ -2,6 +2,8 @@
 
 Units: tokens in ``hit_tokens_*``, ``found_hit_tokens`` and ``loaded_tokens``; blocks (of the run's block
 size) in ``blocks_stored``, ``stores_skipped``, ``stores_never_read``, ``evictions``; bytes with a model.
+Mechanism only: a model's KV bytes per block and tiers sized in GiB come from :mod:`kvlab.profiles`
+(:func:`~kvlab.profiles.kv_bytes_per_block`, :func:`~kvlab.profiles.resolve_tiers`).
 Shares are fractions of all prompt tokens, so ``device_token_hit_rate`` plus every tier's ``hit_share``
 is ``token_hit_rate``.
 """
@@ -36,23 +38,6 @@ def compiled_tiers(tiers: Sequence[Tier]) -> bool:
     return all(tier_policy_compiled(t) for t in tiers)
 
 
-def kv_bytes_per_block(model: str | None, block_size: int) -> int | None:
-    """KV bytes of one block for ``model`` (a profile name or file), None without a model."""
-    if model is None:
-        return None
-    from kvlab.sim.profiles import load_model
-
-    return int(load_model(model).kv_bytes_per_token) * block_size
-
-
-def resolve_tiers(tiers: Sequence[Tier], model: str | None, block_size: int) -> list[Tier]:
-    """``tiers`` with every ``capacity_gib`` converted to blocks of ``block_size`` for ``model``."""
-    if not tiers:
-        return []
-    per_block = kv_bytes_per_block(model, block_size) if any(t.capacity_blocks is None for t in tiers) else None
-    return [t.resolve(per_block) for t in tiers]
-
-
 def tier_columns(frame: pd.DataFrame, cols: dict, tiers: Sequence[Tier], block_size: int) -> pd.DataFrame:
     """``frame`` with ``hit_tokens_device`` and ``hit_tokens_<tier>`` per tier (they sum to ``hit_tokens``)."""
     lower = np.asarray(cols["tier_hit_blocks"], np.int64).reshape(len(frame), len(tiers))
@@ -63,12 +48,12 @@ def tier_columns(frame: pd.DataFrame, cols: dict, tiers: Sequence[Tier], block_s
 
 
 def tier_summary(frame: pd.DataFrame, counters: Sequence[TierCounters], tiers: Sequence[Tier], block_size: int,
-                 model: str | None, per_block: int | None = None) -> dict:
+                 per_block: int | None = None) -> dict:
     """``device_token_hit_rate`` and the ``tiers`` list (one dict per lower tier, level 1 first) from each
     tier's counters (a TierStack's ``[t.counters for t in stack.tiers]``, or the compiled kernel's). Bytes from
-    ``model``'s KV bytes per block, or ``per_block`` (bytes; the engine's pool layout) when given."""
+    ``per_block`` (KV bytes of one block: :func:`kvlab.profiles.kv_bytes_per_block` of the run's model, or the
+    engine's pool layout); None (no model): byte fields null."""
     prompt = float(frame["prompt_tokens"].sum())
-    per_block = per_block or kv_bytes_per_block(model, block_size)
     out: list[dict] = []
     for t, c in zip(tiers, counters, strict=True):
         chunk = t.chunk_blocks

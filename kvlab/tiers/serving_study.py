@@ -220,8 +220,8 @@ def break_even(config: ServingStudyConfig) -> pd.DataFrame:
     """Load against recompute per path and layout (:data:`BREAK_EVEN_PATHS`), every whole number of blocks up to
     ``break_even_tokens``: columns ``path``, ``link``, ``medium``, ``kv_layout``,
     ``prefix_tokens``, ``load_s``, ``recompute_s``, ``calibrated`` (both presets measured)."""
+    from kvlab.profiles import load_hardware, load_model
     from kvlab.sim.cost import CostModel
-    from kvlab.sim.profiles import load_hardware, load_model
     from kvlab.tiers.timing import load_vs_recompute, preset
 
     node, bs = config.node, config.break_even_block_size

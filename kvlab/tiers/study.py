@@ -45,7 +45,7 @@ LEVELS = ("device", "dram", "ssd", "pool")
 @dataclass(frozen=True)
 class Node:
     """The node the tiers are sized from: ``hardware`` serving ``model`` (bf16 KV), the device's KV pool as vLLM
-    sizes it (:func:`kvlab.sim.profiles.kv_pool_blocks` at ``gpu_memory_utilization``), a host DRAM tier of
+    sizes it (:func:`kvlab.profiles.kv_pool_blocks` at ``gpu_memory_utilization``), a host DRAM tier of
     ``dram_gib`` and an NVMe SSD tier of ``ssd_gib`` (GiB of KV), blocks of ``block_size`` tokens."""
 
     model: str = "llama-3-8b"
@@ -57,13 +57,13 @@ class Node:
 
     def kv_bytes_per_block(self) -> int:
         """KV bytes of one block (bytes)."""
-        from kvlab.sim.profiles import load_model
+        from kvlab.profiles import load_model
 
         return int(load_model(self.model).kv_bytes_per_token) * self.block_size
 
     def device_blocks(self) -> int:
         """KV blocks of the device (blocks of ``block_size`` tokens)."""
-        from kvlab.sim.profiles import kv_pool_blocks, load_hardware, load_model
+        from kvlab.profiles import kv_pool_blocks, load_hardware, load_model
 
         return kv_pool_blocks(load_model(self.model), load_hardware(self.hardware), self.block_size,
                               gpu_memory_utilization=self.gpu_memory_utilization)

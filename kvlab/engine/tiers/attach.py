@@ -99,7 +99,7 @@ def tier_results(frame: pd.DataFrame, tier_hits: Sequence[Sequence[int]], io: Ti
         return {}
     hits = np.asarray([request_tier_hits(io, h) for h in tier_hits], np.int64).reshape(len(frame), len(io.tiers))
     tier_columns(frame, {"tier_hit_blocks": hits}, io.tiers, block_size)
-    out = tier_summary(frame, [t.counters for t in io.stack.tiers], io.tiers, block_size, None,
+    out = tier_summary(frame, [t.counters for t in io.stack.tiers], io.tiers, block_size,
                        per_block=io.pool.layout.bytes_per_block)
     for entry, extra in zip(out["tiers"], io.summary(), strict=True):
         entry.update(extra)

@@ -13,6 +13,9 @@ Shipped profiles live in ``kvlab/data/models/<name>.json`` (verbatim public ``co
 :func:`load_hardware` accept a shipped name, a path to a JSON file (a Hugging Face ``config.json`` or a
 profile written by ``save``) or a folder holding ``config.json``.
 
+Sizing helpers of the floors above: :func:`kv_pool_blocks` (the device pool as vLLM sizes it),
+:func:`kv_bytes_per_block` and :func:`resolve_tiers` (tier capacities in GiB as blocks).
+
 Units: bytes, FLOPs, seconds, FLOP/s, bytes/s; sizes in tokens.
 """
 
@@ -24,9 +27,14 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from kvlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kvlab.tiers.spec import Tier
 
 MODEL_KIND = "kvlab.model_profile"
 HARDWARE_KIND = "kvlab.hardware_profile"
@@ -504,3 +512,21 @@ def kv_pool_blocks(
             f"{act / 1e9:.1f} GB (raise tensor_parallel or gpu_memory_utilization, or give capacity_blocks)"
         )
     return blocks
+
+
+# ---------------------------------------------------------------------- tier sizes
+def kv_bytes_per_block(model: str | None, block_size: int) -> int | None:
+    """KV bytes of one block of ``block_size`` tokens for ``model`` (a profile name or file), None without a
+    model."""
+    if model is None:
+        return None
+    return int(load_model(model).kv_bytes_per_token) * block_size
+
+
+def resolve_tiers(tiers: Sequence[Tier], model: str | None, block_size: int) -> list[Tier]:
+    """``tiers`` with every ``capacity_gib`` converted to blocks of ``block_size`` for ``model`` (the model is
+    loaded only when a tier is sized in GiB)."""
+    if not tiers:
+        return []
+    per_block = kv_bytes_per_block(model, block_size) if any(t.capacity_blocks is None for t in tiers) else None
+    return [t.resolve(per_block) for t in tiers]
