@@ -1,4 +1,4 @@
-"""A cluster of nodes above one shared pool (kvlab.tiers.cluster) and the tiered-storage study's helpers
+"""A cluster of nodes above one shared pool (kvlab.replay.cluster) and the tiered-storage study's helpers
 (kvlab.tiers.study): one node with the pool as its last tier is the ordinary replay, hit tokens split exactly,
 the pool's hits cross nodes and nothing else does, a shared tier must be inclusion=none and last."""
 
@@ -12,8 +12,8 @@ from _util import conversation_workload, random_token_workload
 from kvlab.cache import PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode, replay
+from kvlab.replay.cluster import replay_cluster
 from kvlab.tiers import LowerTier, Tier, TierStack
-from kvlab.tiers.cluster import replay_cluster
 from kvlab.tiers.study import Node, StudyConfig, capacity_at, run_study, study_markdown
 from kvlab.workload.workload import from_lists
 

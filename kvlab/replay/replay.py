@@ -236,7 +236,7 @@ def admit_requests(
     """The Python core's per-request loop: each request, in trace order, admitted with its whole prompt into
     ``caches[node_of[r]]`` (default: the one cache) as request ``seq_of[r]`` of its cache (default: ``r``) and
     released; the :data:`PYTHON_COLUMNS`, ``admitted`` and, with ``levels`` lower tiers, ``tier_hit_blocks``
-    (blocks loaded per tier). Shared by the replay and the cluster replay (kvlab.tiers.cluster)."""
+    (blocks loaded per tier). Shared by the replay and the cluster replay (kvlab.replay.cluster)."""
     n = len(enc.prompt_tokens)
     out = {name: np.zeros(n, np.int64) for name in PYTHON_COLUMNS}
     tier_hits = np.zeros((n, levels), np.int64)

@@ -102,7 +102,7 @@ class _Pair(Sequence):
 class LowerTier:
     """One tier below the device: a :class:`PrefixCache` of ``capacity_blocks // chunk_blocks`` slots (a slot
     holds one chunk, keyed by the key of the chunk's last block, its parent the previous chunk's key), with the
-    tier's own policy. Owned by its :class:`TierStack`, or shared by several: a shared pool (kvlab.tiers.cluster)
+    tier's own policy. Owned by its :class:`TierStack`, or shared by several: a shared pool (kvlab.replay.cluster)
     is one LowerTier passed as the last tier of every node's stack; nothing else changes it."""
 
     def __init__(self, spec: Tier, level: int, block_size: int, demand_blocks: int | None = None) -> None:

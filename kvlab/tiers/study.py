@@ -5,7 +5,7 @@ sizes it, host DRAM and NVMe tiers in GiB of KV). On each workload (Mooncake FAS
 RAG-heavy chat, :func:`synthetic_workload`) the study replays, all with LRU on every tier and vLLM counting:
 
 * ``scenarios``: device only, + DRAM, + DRAM + SSD on one node; the same on a cluster of ``nodes`` nodes under
-  each router, plus a pool shared by all nodes below their SSDs (:mod:`kvlab.tiers.cluster`);
+  each router, plus a pool shared by all nodes below their SSDs (:mod:`kvlab.replay.cluster`);
 * ``write_policy``: one node with DRAM + SSD, both tiers ``write_through`` or both ``write_back``;
 * ``dram_sweep``: one node, device + DRAM of each size, each write policy (the DRAM size that reaches
   ``target`` × the ideal hit rate);
@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode
+from kvlab.replay.cluster import ClusterResult, replay_cluster
 from kvlab.results import build_manifest, is_complete, read_results, run_id, run_identity, safe_name, write_results
-from kvlab.tiers.cluster import ClusterResult, replay_cluster
 from kvlab.tiers.spec import Tier
 from kvlab.units import GIB, TIB
 from kvlab.workload.workload import Workload

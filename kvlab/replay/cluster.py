@@ -15,6 +15,9 @@ With ``nodes=1`` and the pool as the last tier, the numbers are the replay's wit
 (tests/test_tiers_cluster.py). Units as the replay's: tokens in ``hit_tokens_*``; blocks of the run's block
 size in tier counts; bytes with a model. The summary's ``tiers`` list sums each private tier over the nodes
 (``capacity_blocks`` per node) and gives the pool once (``shared: true``).
+
+A driver beside the replay (it runs the replay's admission on each node); the mechanism it drives
+(:class:`~kvlab.tiers.TierStack`, :class:`~kvlab.tiers.stack.LowerTier`) stays in kvlab.tiers.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ from kvlab.hashing import EncodedWorkload
 from kvlab.metrics import summarize
 from kvlab.policies import EvictionPolicy, make_policy
 from kvlab.profiles import kv_bytes_per_block, resolve_tiers
-from kvlab.replay import ReplayConfig, encode, resolve_config
-from kvlab.replay.replay import _requests_frame, admit_requests
+from kvlab.replay.replay import ReplayConfig, _requests_frame, admit_requests, encode, resolve_config
 from kvlab.results import build_manifest, write_results
 from kvlab.tiers.results import tier_columns, tier_summary
 from kvlab.tiers.spec import Tier, check_tiers
