@@ -72,7 +72,7 @@ def check_capacity_gib(command: str, values: list[float] | None, model: str | No
     ``cache.capacity_gib``), and a model to convert with; checked before anything is read."""
     if values is None:
         return
-    from kvlab.experiment.config import CacheSpec
+    from kvlab.experiment.sections import CacheSpec
     from kvlab.schema import validate_fields
 
     gib = CacheSpec.model_fields["capacity_gib"].annotation
@@ -85,9 +85,9 @@ def check_capacity_gib(command: str, values: list[float] | None, model: str | No
 
 def gib_blocks(values: list[float], model: str, block_size: int) -> list[int]:
     """``--capacity-gib`` values as whole blocks of ``block_size`` tokens of ``model``'s KV: the conversion of an
-    experiment file's ``cache.capacity_gib`` (kvlab.experiment.config.capacity_blocks: 2**30 bytes per GiB,
+    experiment file's ``cache.capacity_gib`` (kvlab.experiment.sections.capacity_blocks: 2**30 bytes per GiB,
     rounded down); less than one block is a ConfigError naming the flag."""
-    from kvlab.experiment.config import CacheSpec, capacity_blocks
+    from kvlab.experiment.sections import CacheSpec, capacity_blocks
 
     out = []
     for value in values:

@@ -152,7 +152,7 @@ def refuse_bool_numbers(cls: type[BaseModel], data: Any) -> Any:
     or float field (``capacity_blocks: true`` = one block); here such a value is swapped for a marker the field's
     own validation refuses, naming the field. A model validator, not a ``"*"`` field validator, since pydantic
     refuses before-validators on a discriminated union's tag field (the workload families' ``family``). Used by
-    :class:`Schema`, kvlab.experiment.config.Section and kvlab.analysis.spec.AnalysisSpec."""
+    :class:`Schema`, kvlab.experiment.sections.Section and kvlab.analysis.spec.AnalysisSpec."""
     if not isinstance(data, dict):
         return data
     bad = [name for name, value in data.items() if isinstance(value, bool) and name in cls.model_fields

@@ -1,5 +1,5 @@
 """``--capacity-gib`` and ``--model`` on ``kvlab replay``, ``sweep`` and ``simulate``: GiB of KV become whole
-blocks by the conversion experiment files use (kvlab.experiment.config.capacity_blocks), the same run as the
+blocks by the conversion experiment files use (kvlab.experiment.sections.capacity_blocks), the same run as the
 block capacity; every mistake is one ``kvlab: error:`` line before any work."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from _util import cli_error
 
 from kvlab.cli import main
-from kvlab.experiment.config import CacheSpec, capacity_blocks
+from kvlab.experiment.sections import CacheSpec, capacity_blocks
 from kvlab.workload import save_jsonl, synthetic_chat
 
 MODEL = "llama-3-8b"

@@ -21,7 +21,8 @@ import kvlab.results
 from kvlab.cli import main
 from kvlab.errors import ConfigError
 from kvlab.experiment import Experiment, expand, load_experiment, run_experiment
-from kvlab.experiment.config import capacity_blocks, points
+from kvlab.experiment.config import points
+from kvlab.experiment.sections import capacity_blocks
 from kvlab.results import is_complete
 from kvlab.results.faults import ENV
 from kvlab.results.paths import TEMP_RE

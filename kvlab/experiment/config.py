@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import os
 from collections.abc import Iterator
@@ -38,30 +37,27 @@ from pydantic import (
 
 from kvlab.analysis.spec import AnalysisSpec
 from kvlab.errors import ConfigError
+from kvlab.experiment.sections import (
+    CAPACITY_FIELDS,
+    CacheSpec,
+    EngineSpec,
+    HasherSpec,
+    Section,
+    TraceSpec,
+    later_left_out,
+)
 from kvlab.schema import (
-    NO_BOOL_NUMBERS,
-    BlockSize,
-    CapacityBlocks,
-    CountingMode,
-    HashScheme,
-    PositiveInt,
     Schema,
     Seed,
-    TraceFormat,
     _describe,
     _metadata,
-    check_policy_name,
-    check_policy_params,
 )
-from kvlab.tiers.spec import Tier, check_tiers
-from kvlab.units import GIB
 
 DRIVERS = ("replay", "simulate", "engine")
 #: fields of the simulator (kvlab.sim.SimConfig) an experiment may set under ``simulate:``
 SIM_FIELDS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "rate", "time_scale",
               "tensor_parallel", "dtype", "kv_dtype", "cache_at", "fast_forward", "instances", "router",
               "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s", "kv_layout")
-CAPACITY_FIELDS = ("capacity_blocks", "capacity_tokens", "capacity_gib")
 #: the most sweep points an experiment may have unless raised (``kvlab run --max-points``, ``max_points=``)
 MAX_POINTS = 100_000
 #: names an experiment may not take: each is a folder (or file) kvlab writes under RESULTS itself, or one its
@@ -79,143 +75,6 @@ RESERVED_NAMES = {
     "sweep.parquet": "sweep.parquet is a results folder's table",
     "sweep.csv": "sweep.csv is a results folder's table",
 }
-
-
-def _later_left_out(model: BaseModel, data: object) -> object:
-    """``data`` (a dump of ``model``) without the fields of ``model._LATER_IN_DUMPS`` that hold their defaults
-    there: fields added after experiments were first recorded, so the recorded runs (manifests, table columns)
-    of an experiment that does not use them stay what they were."""
-    if isinstance(data, dict):
-        for name, default in getattr(model, "_LATER_IN_DUMPS", {}).items():
-            if name in data and data[name] == default:
-                del data[name]
-    return data
-
-
-class Section(BaseModel):
-    """A part of an experiment: validated like :class:`~kvlab.schema.Schema` (no extra fields, no NaN) but
-    without its own ``__init__``, so that errors carry the whole field path from the experiment's root."""
-
-    model_config = Schema.model_config
-    _no_bool_numbers = NO_BOOL_NUMBERS  # a boolean is never a number (kvlab.schema.refuse_bool_numbers)
-    #: fields added later -> their defaults, left out of dumps at those defaults (:func:`_later_left_out`)
-    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {}
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
-        return _later_left_out(self, handler(self))
-
-
-class TraceSpec(Section):
-    """Which requests: a trace path or known name, its format (default: detected), the first ``limit``, then
-    (``resample_seed`` given) one session resample of those: as many sessions as they hold, drawn whole with
-    replacement by ``numpy.random.default_rng(resample_seed)`` (kvlab.analysis.resample_sessions, duplicates
-    isolated). ``resample_by``: the sessions: ``session`` (the trace's session column), ``prefix``
-    (kvlab.analysis.prefix_groups: requests sharing their first two prompt values), ``auto`` (the session
-    column if the trace has one, else prefix groups). ``tokenizer``: the tokenizer of a text trace (a
-    kvlab.workload.tokenizer.load_tokenizer spec: kvlab-bpe, byte, tekken, a trained name, a file or folder;
-    None: kvlab-bpe when the trace holds text); :func:`load_experiment` checks that it is here."""
-
-    path: Annotated[str, Field(min_length=1)]
-    format: TraceFormat | None = None
-    limit: PositiveInt | None = None
-    resample_seed: Seed | None = None
-    resample_by: Literal["auto", "session", "prefix"] = "auto"
-    tokenizer: Annotated[str, Field(min_length=1)] | None = None
-
-    _LATER_IN_DUMPS: ClassVar[dict[str, Any]] = {"resample_seed": None, "resample_by": "auto", "tokenizer": None}
-
-    @model_validator(mode="after")
-    def _resample_by_needs_a_seed(self) -> TraceSpec:
-        if self.resample_by != "auto" and self.resample_seed is None:
-            raise ValueError(f"trace.resample_by: {self.resample_by!r} applies to a session resample: give "
-                             "trace.resample_seed too")
-        return self
-
-
-class HasherSpec(Section):
-    """How prompts become block keys (docs/hashing.md)."""
-
-    scheme: HashScheme = "xxh3_128"
-    root_seed: Seed = 0
-    model_id: str = "kvlab"
-
-
-class CacheSpec(Section):
-    """The device cache: block size (tokens), one capacity, the eviction policy, lower tiers."""
-
-    block_size: BlockSize | None = None  # default: the trace's (hash traces), else 16
-    capacity_blocks: CapacityBlocks | None = None
-    capacity_tokens: Annotated[int, Field(ge=1, le=1 << 50)] | None = None
-    capacity_gib: Annotated[float, Field(gt=0, le=1 << 30)] | None = None
-    policy: str = "lru"
-    policy_params: dict = Field(default_factory=dict)
-    mode: CountingMode = "vllm"
-    backend: Literal["auto", "compiled", "python"] = "auto"
-    verify: bool = False
-    tiers: list[Tier] = Field(default_factory=list)
-    max_load_tokens: Annotated[int, Field(ge=0)] | None = None
-
-    _policy_known = field_validator("policy")(check_policy_name)
-    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-
-    @model_validator(mode="after")
-    def _tier_rules(self) -> CacheSpec:
-        """kvlab.tiers.spec.check_tiers: the tier rules of every entry point, fields named ``cache.<field>``."""
-        check_tiers(self.tiers, max_load_tokens=self.max_load_tokens, field=lambda name: f"cache.{name}")
-        return self
-
-    @model_validator(mode="after")
-    def _one_capacity(self) -> CacheSpec:
-        given = [f for f in CAPACITY_FIELDS if getattr(self, f) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(CAPACITY_FIELDS)}, got "
-                             f"{', '.join(given) if given else 'none'}")
-        return self
-
-
-class EngineSpec(Section):
-    """The real engine (``driver: engine``): a transformers model on kvlab's paged KV pool behind the simulator's
-    scheduler, in measured time (kvlab.sim.run_engine_serving, as ``kvlab simulate --executor engine``).
-
-    ``model``: a random-weight shape (kvlab.engine.SHAPES: ``tiny-llama``, ``cpu-bench``...), a ``config.json``
-    file (random weights of that config) or a local Hugging Face checkpoint folder (loaded offline).
-    ``model_seed``: the random weights' seed. ``dtype``: the model's (default: the shape's or checkpoint's);
-    ``kv_dtype``: the KV pool's (default: the model's). ``threads``: torch CPU threads. ``batched``: one packed
-    forward per step. ``verify``: each request's first prefill judged against the uncached forward
-    (``verify_tokens`` greedy tokens). ``timer``: wall or the serving thread's CPU time; ``warmup``: untimed
-    forward passes first. The rest are the scheduler's, as in ``simulate:``. Times are measured seconds.
-    """
-
-    model: Annotated[str, Field(min_length=1)] = "tiny-llama"
-    model_seed: Seed = 0
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    kv_dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    device: Annotated[str, Field(pattern=r"^(cpu|auto|cuda(:[0-9]+)?|mps)$")] = "cpu"
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    threads: Annotated[int, Field(ge=1, le=1024)] = 1
-    batched: bool = False
-    verify: bool = False
-    verify_tokens: Annotated[int, Field(ge=1, le=1024)] = 2
-    timer: Literal["wall", "thread"] = "wall"
-    warmup: Annotated[int, Field(ge=0, le=1000)] = 2
-    max_num_seqs: Annotated[int, Field(ge=1, le=1 << 20)] = 256
-    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 24)] = 8192
-    rate: Annotated[float, Field(ge=1e-9, le=1e9)] | None = None
-    time_scale: Annotated[float, Field(ge=1e-9, le=1e9)] = 1.0
-    cache_at: Literal["schedule", "compute"] = "schedule"
-
-    @field_validator("model")
-    @classmethod
-    def _model_known(cls, value: str) -> str:
-        engine_model_config(value)
-        return value
-
-    @model_validator(mode="after")
-    def _rate_or_time_scale(self) -> EngineSpec:
-        if self.rate is not None and self.time_scale != 1.0:
-            raise ValueError("give either rate or time_scale, not both")
-        return self
 
 
 class Experiment(Schema):
@@ -255,7 +114,7 @@ class Experiment(Schema):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> object:
-        return _later_left_out(self, handler(self))
+        return later_left_out(self, handler(self))
 
     @field_validator("model")
     @classmethod
@@ -383,32 +242,6 @@ def validation_message(exc: ValidationError) -> str:
     return f"{'.'.join(loc)}: {text}{more}"
 
 
-# ----------------------------------------------------------------------------- the engine's model
-def engine_model_config(model: str) -> dict:
-    """The transformers config (a dict with ``model_type``) of ``engine.model``: a named random-weight shape, a
-    ``config.json`` file, or a checkpoint folder holding one. ConfigError naming ``engine.model`` otherwise."""
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"engine.model: cannot read the model config {path} ({exc})") from None
-        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-            raise ConfigError(f"engine.model: {path} is not a transformers config (no 'model_type')")
-        return data
-    try:
-        from kvlab.engine.model import SHAPES
-    except ImportError:
-        raise ConfigError("engine.model: the engine driver needs torch and transformers "
-                          "(pip install 'kvlab[engine]')") from None
-    if model not in SHAPES:
-        raise ConfigError(f"engine.model: {model!r} is not a named shape ({', '.join(SHAPES)}), a config.json or a "
-                          "checkpoint folder holding one")
-    return dict(SHAPES[model])
-
-
 # ----------------------------------------------------------------------------- files
 def load_experiment(path: str | os.PathLike) -> Experiment:
     """Read and validate an experiment YAML file; ConfigError starting with the file's path. The file must be a
@@ -526,25 +359,5 @@ def expand(experiment: Experiment, source: str | None = None, *,
     return out
 
 
-def capacity_blocks(cache: CacheSpec, block_size: int, model: str | None) -> int:
-    """The device capacity in whole blocks of ``block_size`` tokens (at least 1)."""
-    if cache.capacity_blocks is not None:
-        return cache.capacity_blocks
-    if cache.capacity_tokens is not None:
-        blocks = cache.capacity_tokens // block_size
-        what = f"capacity_tokens {cache.capacity_tokens}"
-    else:
-        from kvlab.profiles import load_model
-
-        per_block = block_size * load_model(model).kv_bytes_per_token
-        blocks = math.floor(cache.capacity_gib * GIB / per_block)
-        what = f"capacity_gib {cache.capacity_gib} ({per_block:,} bytes per block of {model})"
-    if blocks < 1:
-        raise ConfigError(f"cache.{what} is less than one block of {block_size} tokens")
-    return blocks
-
-
-__all__ = ["CAPACITY_FIELDS", "DRIVERS", "MAX_POINTS", "RESERVED_NAMES", "SIM_FIELDS", "AnalysisSpec", "CacheSpec",
-           "EngineSpec", "Experiment", "HasherSpec", "Sweep", "TraceSpec", "capacity_blocks", "check_size",
-           "check_tokenizers", "count_points", "engine_model_config", "expand", "iter_points", "load_experiment",
-           "points"]
+__all__ = ["DRIVERS", "MAX_POINTS", "RESERVED_NAMES", "SIM_FIELDS", "AnalysisSpec", "Experiment", "Sweep",
+           "check_size", "check_tokenizers", "count_points", "expand", "iter_points", "load_experiment", "points"]

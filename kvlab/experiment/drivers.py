@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import ConfigError
-from kvlab.experiment.config import EngineSpec, Experiment, capacity_blocks, engine_model_config
+from kvlab.experiment.config import Experiment
+from kvlab.experiment.sections import EngineSpec, capacity_blocks, engine_model_config
 from kvlab.results import run_identity
-from kvlab.tiers.spec import Tier
+from kvlab.tiers.config import CacheConfig
 from kvlab.workload.workload import Workload
 
 _ENCODINGS: dict[tuple, object] = {}  # the last hashed trace of this process
@@ -101,26 +102,27 @@ def _engine_vocab(config: dict) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class EngineRunConfig:
-    """The resolved config of an engine run: the cache, the hasher, the seed and the whole ``engine`` section,
-    plus the model's transformers config (a checkpoint's weights are named by path, not hashed)."""
+    """The resolved config of an engine run: the cache (kvlab.tiers.config.CacheConfig, the section every driver
+    embeds: block size and capacity in blocks resolved, the policy's parameters with its defaults, tiers), the
+    hasher, the seed and the whole ``engine`` section, plus the model's transformers config (a checkpoint's
+    weights are named by path, not hashed). A dataclass, not a Schema: ``model_config`` is pydantic's own name."""
 
     engine: EngineSpec
     model_config: dict
-    policy: str
-    policy_params: dict
-    capacity_blocks: int
-    block_size: int
+    cache: CacheConfig
     hash: str
     root_seed: int
     seed: int
-    tiers: tuple[Tier, ...] = ()
-    max_load_tokens: int | None = None
 
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["engine"] = self.engine.model_dump(mode="json")
-        out["tiers"] = [t.model_dump(mode="json", exclude_none=True) for t in self.tiers]
-        return out
+        """The run identity's config: the cache's fields flat, in the order first recorded (tiers without their
+        unset options)."""
+        c = self.cache
+        return {"engine": self.engine.model_dump(mode="json"), "model_config": self.model_config,
+                "policy": c.policy, "policy_params": c.policy_params, "capacity_blocks": c.capacity_blocks,
+                "block_size": c.block_size, "hash": self.hash, "root_seed": self.root_seed, "seed": self.seed,
+                "tiers": [t.model_dump(mode="json", exclude_none=True) for t in c.tiers],
+                "max_load_tokens": c.max_load_tokens}
 
 
 def _engine_config(run: Experiment, workload: Workload, bs: int, cap: int, params: dict) -> EngineRunConfig:
@@ -135,8 +137,9 @@ def _engine_config(run: Experiment, workload: Workload, bs: int, cap: int, param
         raise ConfigError(f"trace: token id {top} of {run.trace.path} is not below engine.model {spec.model!r}'s "
                           f"vocabulary ({vocab} ids)")
     c = run.cache
-    return EngineRunConfig(spec, model_config, c.policy, params, cap, bs, run.hasher.scheme, run.hasher.root_seed,
-                           run.seed, tuple(c.tiers), c.max_load_tokens)
+    cache = CacheConfig(block_size=bs, capacity_blocks=cap, policy=c.policy, policy_params=params, tiers=c.tiers,
+                        max_load_tokens=c.max_load_tokens)
+    return EngineRunConfig(spec, model_config, cache, run.hasher.scheme, run.hasher.root_seed, run.seed)
 
 
 # ----------------------------------------------------------------------------- config, identity, run
@@ -178,7 +181,7 @@ def _run_engine(workload: Workload, config: EngineRunConfig):  # noqa: ANN202 - 
     from kvlab.engine import build_random_model, load_model
     from kvlab.sim.engine_executor import run_engine_serving, serving_engine
 
-    e = config.engine
+    e, c = config.engine, config.cache
     if Path(e.model).is_dir():
         model = load_model(e.model, device=e.device, dtype=e.dtype, attn_implementation=e.attn_implementation,
                            local_files_only=True)
@@ -186,15 +189,14 @@ def _run_engine(workload: Workload, config: EngineRunConfig):  # noqa: ANN202 - 
         shape = e.model if not Path(e.model).is_file() else config.model_config
         model = build_random_model(shape, seed=e.model_seed, dtype=e.dtype, device=e.device,
                                    attn_implementation=e.attn_implementation)
-    engine = serving_engine(model, workload, config.capacity_blocks, config.block_size, dtype=e.kv_dtype,
-                            num_threads=e.threads)
+    engine = serving_engine(model, workload, c.capacity_blocks, c.block_size, dtype=e.kv_dtype, num_threads=e.threads)
     return run_engine_serving(
-        workload, engine, policy=config.policy, policy_params=config.policy_params,
-        capacity_blocks=config.capacity_blocks, max_num_seqs=e.max_num_seqs,
+        workload, engine, policy=c.policy, policy_params=c.policy_params,
+        capacity_blocks=c.capacity_blocks, max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens, rate=e.rate, time_scale=e.time_scale, cache_at=e.cache_at,
         hash=config.hash, root_seed=config.root_seed, timer=e.timer, warmup=e.warmup, seed=config.seed,
-        batched=e.batched, verify=e.verify, verify_tokens=e.verify_tokens, tiers=list(config.tiers) or None,
-        max_load_tokens=config.max_load_tokens)
+        batched=e.batched, verify=e.verify, verify_tokens=e.verify_tokens, tiers=list(c.tiers) or None,
+        max_load_tokens=c.max_load_tokens)
 
 
 def compute(run: Experiment, workload: Workload) -> tuple[dict[str, pd.DataFrame], dict, dict, str]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import model_validator
 from tqdm.auto import tqdm
 
 from kvlab.arguments import require_instance
@@ -34,54 +34,35 @@ from kvlab.policies.base import resolved_policy_params
 from kvlab.profiles import kv_bytes_per_block, resolve_tiers
 from kvlab.results import build_manifest, write_results
 from kvlab.results.frame import requests_frame
-from kvlab.schema import (
-    BlockSize,
-    CapacityBlocks,
-    CountingMode,
-    HashScheme,
-    Schema,
-    Seed,
-    check_policy_name,
-    check_policy_params,
-    renamed_fields,
-)
+from kvlab.schema import CapacityBlocks, HashScheme, Seed, renamed_fields
 from kvlab.tiers import Tier, TierCounters, TierStack
 from kvlab.tiers.compiled import TieredReplay
+from kvlab.tiers.config import ReplayCacheConfig
 from kvlab.tiers.results import compiled_tiers, tier_columns, tier_summary
-from kvlab.tiers.spec import checked_tier_options
 from kvlab.workload.workload import Workload, require_workload
 
-BACKENDS = ("auto", "compiled", "python")
-Backend = Literal["auto", "compiled", "python"]
 
-
-class ReplayConfig(Schema):
+class ReplayConfig(ReplayCacheConfig):
     """Everything that determines a replay's numbers (capacity in blocks, block size in tokens).
 
-    Validated at construction (kvlab.schema): ranges, NaN/inf, the policy name and its parameters
-    (checked by the policy) — a bad value raises ConfigError naming the field and its CLI flag.
+    The cache fields and their checks (policy name, its parameters, the tier rules) are the ones every driver
+    shares (kvlab.tiers.config.ReplayCacheConfig); here the capacity is required. Validated at construction
+    (kvlab.schema): ranges, NaN/inf, the policy name and its parameters (checked by the policy) — a bad value
+    raises ConfigError naming the field and its CLI flag.
     """
 
     capacity_blocks: CapacityBlocks
-    block_size: BlockSize | None = None  # default: Workload.default_block_size (the trace's, or 16 for tokens)
-    policy: str = "lru"
-    policy_params: dict = Field(default_factory=dict)
     hash: HashScheme = "xxh3_128"
     root_seed: Seed = 0
     model_id: str = "kvlab"
-    mode: CountingMode = "vllm"  # "vllm" (last prompt token recomputed) or "ideal"
-    backend: Backend = "auto"
-    verify: bool = False  # verify-tokens-on-hit: count (and refuse) key collisions
     seed: Seed = 0
-    # tiers below the device (kvlab.tiers, docs/tiers.md); none: today's single-tier replay
-    tiers: list[Tier] = Field(default_factory=list)
-    max_load_tokens: Annotated[int, Field(ge=0)] | None = None  # per request, from the lower tiers (None: all)
     model: str | None = None  # names the KV bytes per block: tier sizes in GiB, bytes written and read
 
     _old_names = model_validator(mode="before")(renamed_fields)
-    _policy_known = field_validator("policy")(check_policy_name)
-    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-    _tier_rules = model_validator(mode="after")(checked_tier_options)  # kvlab.tiers.spec.check_tiers
+
+    _FIELD_ORDER: ClassVar[tuple[str, ...]] = (
+        "capacity_blocks", "block_size", "policy", "policy_params", "hash", "root_seed", "model_id", "mode",
+        "backend", "verify", "seed", "tiers", "max_load_tokens", "model")
 
     #: fields added after run identities were first written: left out of ``to_dict`` (the identity) at their
     #: defaults, so a run without tiers keeps its run id

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from kvlab.arguments import require_instance
@@ -41,15 +41,7 @@ from kvlab.profiles import (
 )
 from kvlab.results import build_manifest, write_results
 from kvlab.results.frame import DRIVER_COLUMNS, requests_frame
-from kvlab.schema import (
-    BlockSize,
-    CapacityBlocks,
-    HashScheme,
-    Schema,
-    Seed,
-    check_policy_name,
-    check_policy_params,
-)
+from kvlab.schema import HashScheme, Seed
 from kvlab.sim.cost import CostModel
 from kvlab.sim.scheduler import Entry, Request, RequestStatus, Scheduler, SimClock
 from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's public names (route_requests, ...)
@@ -64,7 +56,8 @@ from kvlab.sim.trace_requests import (  # noqa: F401 - also the simulator's publ
     serving_demand_blocks,
     trace_requests,
 )
-from kvlab.tiers.spec import TIMING_FIELDS, Tier, checked_tier_options
+from kvlab.tiers.config import CacheConfig
+from kvlab.tiers.spec import TIMING_FIELDS
 from kvlab.workload.workload import Workload, require_workload
 
 
@@ -82,24 +75,22 @@ class CostModelExecutor:
         return self.cost.decode_durations(contexts, steps)
 
 
-class SimConfig(Schema):
+class SimConfig(CacheConfig):
     """Everything that determines a simulation's numbers (profiles by name or path; see :func:`simulate`).
 
-    Validated at construction (kvlab.schema): a bad value raises ConfigError naming the field, its CLI
-    flag and the allowed range. Units: capacity in blocks per instance, rate in requests/s.
+    The cache fields and their checks (policy name, its parameters, the tier rules) are the ones every driver
+    shares (kvlab.tiers.config.CacheConfig). Validated at construction (kvlab.schema): a bad value raises
+    ConfigError naming the field, its CLI flag and the allowed range. Units: capacity in blocks per instance
+    (None: sized from the model and hardware), rate in requests/s.
     """
 
     model: Annotated[str, Field(min_length=1)] = "llama-3-8b"
     hardware: Annotated[str, Field(min_length=1)] = "h100"
-    policy: str = "lru"
-    policy_params: dict = Field(default_factory=dict)
-    capacity_blocks: CapacityBlocks | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     max_num_seqs: Annotated[int, Field(ge=1, le=1 << 20)] = 256
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 24)] = 8192
     rate: Annotated[float, Field(ge=1e-9, le=1e9)] | None = None
     time_scale: Annotated[float, Field(ge=1e-9, le=1e9)] = 1.0
-    block_size: BlockSize | None = None
     tensor_parallel: Annotated[int, Field(ge=1, le=1024)] = 1
     dtype: str | None = None
     kv_dtype: str | None = None
@@ -110,9 +101,8 @@ class SimConfig(Schema):
     instances: Annotated[int, Field(ge=1, le=4096)] = 1
     router: Literal["prefix", "round_robin"] = "prefix"
     seed: Seed = 0
-    # tiers below the device (docs/tiers.md, "Timing in the simulator"); a tier naming a link or medium is timed
-    tiers: list[Tier] = Field(default_factory=list)
-    max_load_tokens: Annotated[int, Field(ge=0)] | None = None  # tokens per request loaded from the lower tiers
+    # options of the tiers below the device (docs/tiers.md, "Timing in the simulator"); a tier naming a link or
+    # medium is timed
     load_or_recompute: bool = False  # load a lower-tier hit only if that beats recomputing it (timed tiers)
     tier_overlap: bool = False  # loads pipelined layer by layer with the step's compute (timed tiers)
     tier_prefetch: Literal["off", "best_effort", "wait_complete", "timeout"] = "off"  # from the slowest tier
@@ -120,9 +110,11 @@ class SimConfig(Schema):
     kv_layout: Literal["layer", "block"] = "layer"  # transfer operations per layer (vLLM) or per chunk
     tier_sync_stores: bool = False  # every store on the critical path of its step (an engine that stores inline)
 
-    _policy_known = field_validator("policy")(check_policy_name)
-    _params_checked_by_policy = field_validator("policy_params")(check_policy_params)
-    _tier_rules = model_validator(mode="after")(checked_tier_options)  # kvlab.tiers.spec.check_tiers
+    _FIELD_ORDER: ClassVar[tuple[str, ...]] = (
+        "model", "hardware", "policy", "policy_params", "capacity_blocks", "gpu_memory_utilization", "max_num_seqs",
+        "max_num_batched_tokens", "rate", "time_scale", "block_size", "tensor_parallel", "dtype", "kv_dtype",
+        "cache_at", "hash", "root_seed", "fast_forward", "instances", "router", "seed", "tiers", "max_load_tokens",
+        "load_or_recompute", "tier_overlap", "tier_prefetch", "prefetch_timeout_s", "kv_layout", "tier_sync_stores")
 
     #: fields added after run identities were first written: left out of ``to_dict`` at their defaults, so a
     #: run without tiers keeps its run id

@@ -257,7 +257,8 @@ def check_tiers(tiers: Sequence[Tier], *, max_load_tokens: int | None = None,
                 field: Callable[[str], str] = str) -> Sequence[Tier]:
     """``tiers`` (the lower tiers, level 1 first) unchanged if they obey every tier rule; ConfigError naming the
     tier, its ``--tier`` key and the rule otherwise. The one check of tiers: :class:`Tier` (each tier's own
-    rules, at construction), parse_tier, the CLI, the experiment schema, ReplayConfig, SimConfig, the engine
+    rules, at construction), parse_tier, the CLI, kvlab.tiers.config.CacheConfig (ReplayConfig, SimConfig, the
+    experiment's cache: section, the engine driver's run config), the engine
     (kvlab.engine.tiers.attach) and both replay backends (TierStack, kvlab.tiers.compiled) call it, so a
     spec is valid or refused whatever the backend or entry point (docs/tiers.md, "Rules").
 
@@ -311,10 +312,3 @@ def check_tiers(tiers: Sequence[Tier], *, max_load_tokens: int | None = None,
         if max_load_tokens < 0:
             raise ConfigError(f"{field('max_load_tokens')} must be in [0, inf) tokens, got {max_load_tokens!r}")
     return tiers
-
-
-def checked_tier_options(config: BaseModel) -> BaseModel:
-    """Model validator (after) of a config with ``tiers`` and ``max_load_tokens`` fields (ReplayConfig,
-    SimConfig, an experiment's CacheSpec): :func:`check_tiers` of both."""
-    check_tiers(config.tiers, max_load_tokens=config.max_load_tokens)  # type: ignore[attr-defined]
-    return config
