@@ -1,4 +1,4 @@
-"""kvlab.hashing.study: collision counting on constructed cases, the birthday expectation, the block-size sweep
+"""kvlab.studies.hashing: collision counting on constructed cases, the birthday expectation, the block-size sweep
 (exactness of expansion at the trace's block size; partial-tail gains below it) and the throughput table."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 
 from kvlab.errors import ConfigError
 from kvlab.hashing import BlockHasher, encode_workload, truth_hasher
-from kvlab.hashing.study import (
+from kvlab.replay import replay
+from kvlab.studies.hashing import (
     best_of,
     birthday_pairs,
     block_size_sweep,
@@ -18,7 +19,6 @@ from kvlab.hashing.study import (
     truncation_collisions,
     vanishing_bits,
 )
-from kvlab.replay import replay
 from kvlab.workload import expand_to_tokens, from_lists, load_mooncake
 
 

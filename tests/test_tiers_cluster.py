@@ -1,5 +1,5 @@
 """A cluster of nodes above one shared pool (kvlab.replay.cluster) and the tiered-storage study's helpers
-(kvlab.tiers.study): one node with the pool as its last tier is the ordinary replay, hit tokens split exactly,
+(kvlab.studies.tiers): one node with the pool as its last tier is the ordinary replay, hit tokens split exactly,
 the pool's hits cross nodes and nothing else does, a shared tier must be inclusion=none and last."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from kvlab.cache import PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.replay.cluster import replay_cluster
+from kvlab.studies.tiers import Node, StudyConfig, capacity_at, run_study, study_markdown
 from kvlab.tiers import LowerTier, Tier, TierStack
-from kvlab.tiers.study import Node, StudyConfig, capacity_at, run_study, study_markdown
 from kvlab.workload.workload import from_lists
 
 COLUMNS = ["hit_blocks", "hit_tokens", "new_blocks", "evictions", "orphan_evictions", "admitted", "cached_blocks",

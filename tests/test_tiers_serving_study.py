@@ -1,4 +1,4 @@
-"""Issue 14's serving study (kvlab.tiers.serving_study) on small slices: saturation measured with every arrival
+"""Issue 14's serving study (kvlab.studies.serving_tiers) on small slices: saturation measured with every arrival
 at 0, every case at each load with equal device memory, the TTFT split adding up, traffic per tier and link, the
 break-even points of docs/tiers.md, results read back by identity, and the figures drawn from the tables."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvlab.tiers.serving_study import (
+from kvlab.studies.serving_tiers import (
     ServingStudyConfig,
     break_even,
     break_even_points,
@@ -18,7 +18,7 @@ from kvlab.tiers.serving_study import (
     serving_markdown,
     ttft_table,
 )
-from kvlab.tiers.study import synthetic_workload
+from kvlab.studies.tiers import synthetic_workload
 from kvlab.workload import load_trace
 
 SMALL = dataclasses.replace(ServingStudyConfig.quick(), limit=150, synthetic_requests=150, break_even_tokens=1024)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvlab.layout.study import LayoutStudyResult
-from kvlab.tiers.study import markdown_table
+from kvlab.studies.tiers import markdown_table
 from kvlab.workload.segments import SEGMENT_KINDS
 
 

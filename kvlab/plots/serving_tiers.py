@@ -1,4 +1,4 @@
-"""Figures of the tiered serving study (kvlab.tiers.serving_study): TTFT per configuration, its split, the
+"""Figures of the tiered serving study (kvlab.studies.serving_tiers): TTFT per configuration, its split, the
 load-vs-recompute break-even, bytes moved per tier and link.
 
 Every function draws from the study's tidy tables (``runs``, ``traffic``, ``break_even``) on given axes, with

@@ -1,4 +1,4 @@
-"""Figures of the tiered-storage study (kvlab.tiers.study): per-tier hit shares, capacity sweeps, write traffic.
+"""Figures of the tiered-storage study (kvlab.studies.tiers): per-tier hit shares, capacity sweeps, write traffic.
 
 Every function draws from the study's tidy tables (``runs``: one row per replay; ``tiers``: one row per replay
 and tier) on a given axes, with units on both axes; :func:`save_figure` (an alias of :func:`kvlab.plots.style.save`)

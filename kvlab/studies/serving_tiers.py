@@ -1,6 +1,6 @@
 """Issue 14's study: what tiers do to TTFT in the serving simulator (notebooks/04_tiered_storage.ipynb, part 2).
 
-The node is part 1's (:class:`kvlab.tiers.study.Node`: Llama-3-8B in bf16 on the H100 profile, its KV pool as
+The node is part 1's (:class:`kvlab.studies.tiers.Node`: Llama-3-8B in bf16 on the H100 profile, its KV pool as
 vLLM sizes it, a host DRAM tier of ``dram_gib`` and an NVMe SSD tier of ``ssd_gib``, 512-token blocks), the
 workloads too (the whole Mooncake FAST'25 conversation trace; the synthetic RAG-heavy chat generated with 4,000
 requests instead of part 1's 10,000, so that the study takes minutes: it hashes every prompt token of every
@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab.results import build_manifest, is_complete, read_results, run_identity, write_results
+from kvlab.studies.tiers import Node, markdown_table, study_workloads
 from kvlab.tiers.spec import Tier
-from kvlab.tiers.study import Node, markdown_table, study_workloads
 from kvlab.workload.workload import Workload
 
 #: bumped when the study's numbers change for the same config (stale result folders are recomputed)
@@ -334,7 +334,7 @@ def serving_markdown(result: ServingStudyResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m kvlab.tiers.serving_study [--quick] [--out DIR]``: run the study, print the TTFT tables."""
+    """``python -m kvlab.studies.serving_tiers [--quick] [--out DIR]``: run the study, print the TTFT tables."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

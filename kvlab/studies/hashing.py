@@ -10,7 +10,7 @@
   the exact identities (chained sha256, :func:`~kvlab.hashing.truth_hasher`): colliding pairs of distinct
   prefixes, measured and as the birthday expectation :func:`birthday_pairs`.
 
-Not part of ``kvlab.hashing``'s namespace (it imports the replay, which imports hashing): import this module.
+On the studies floor (it drives the replay, which imports kvlab.hashing).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pandas as pd
 from kvlab.errors import ConfigError
 from kvlab.hashing.encode import EncodedWorkload, encode_workload
 from kvlab.hashing.keys import KEY_BYTES, SCHEMES, BlockHasher, truth_hasher
+from kvlab.replay import replay
 from kvlab.workload.workload import Workload
 
 
@@ -64,8 +65,6 @@ def block_size_sweep(
     ``distinct_keys`` (index entries an unbounded cache holds), ``tail_tokens`` (:func:`partial_tail_tokens`).
     Deterministic (no timings: :func:`hashing_throughput` measures the hashing cost per block size).
     """
-    from kvlab.replay import replay  # the replay imports kvlab.hashing: import here, not at module level
-
     if workload.kind != "tokens":
         raise ConfigError("block_size_sweep needs a token workload: expand a hash trace with expand_to_tokens first")
     prompt = int(workload.input_length.sum())
