@@ -4,7 +4,7 @@
 trained ones) and whether it is here; ``kvlab tokenizer fetch tekken`` gets Mistral NeMo's vocabulary through
 the package index (:mod:`kvlab.workload.tokenizer_fetch`); ``kvlab tokenizer train --name NAME`` trains
 kvlab's recipe on a text folder into ``NAME.json`` (:func:`kvlab.workload.tokenizer_store.train_named`). The
-tokenizer folder is :func:`kvlab.workload.tokenizer.tokenizer_cache_dir` (``$KVLAB_TOKENIZER_CACHE``...).
+tokenizer folder is :func:`kvlab.workload.tokenizer_files.tokenizer_cache_dir` (``$KVLAB_TOKENIZER_CACHE``...).
 """
 
 from __future__ import annotations

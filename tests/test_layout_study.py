@@ -125,7 +125,8 @@ def test_answers_section_scores_reference_answers_with_a_local_checkpoint(tmp_pa
     from kvlab.engine.model import build_random_model
     from kvlab.layout.answers import answers_section
     from kvlab.workload.sources import mt_bench_records
-    from kvlab.workload.tokenizer import CHATML_TEMPLATE, train_bpe, wrap_tokenizers
+    from kvlab.workload.tokenizer import CHATML_TEMPLATE, wrap_tokenizers
+    from kvlab.workload.tokenizer_files import train_bpe
 
     texts = [t.content for r in mt_bench_records(shared_file("text") / "mt_bench") for t in r.turns][:200]
     tok = wrap_tokenizers(train_bpe(texts, vocab_size=512), "tiny", chat_template=CHATML_TEMPLATE,

@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 from kvlab.errors import ConfigError  # noqa: E402
 from kvlab.workload import load_jsonl, save_jsonl  # noqa: E402
 from kvlab.workload import tokenizer as tk  # noqa: E402
+from kvlab.workload import tokenizer_files as tfiles  # noqa: E402
 from kvlab.workload.render import Message, Part, render_prompt, rendered_workload  # noqa: E402
 from kvlab.workload.segments import first_miss_segment, hit_tokens_by_segment  # noqa: E402
 from kvlab.workload.sources import musique_records  # noqa: E402
@@ -86,7 +87,7 @@ def test_bpe_is_the_default_and_the_committed_file(bpe, tmp_path, monkeypatch):
     def no_training(*a, **k):
         raise AssertionError("trained instead of loading the committed file")
 
-    monkeypatch.setattr(tk, "train_bpe", no_training)
+    monkeypatch.setattr(tfiles, "train_bpe", no_training)
     again = load_tokenizer("kvlab-bpe", cache_dir=tmp_path)
     assert again.sha256 == bpe.sha256 and again.template_sha256 == bpe.template_sha256
     assert list(tmp_path.iterdir()) == []  # nothing written to the tokenizer folder
@@ -108,10 +109,10 @@ def test_bpe_training_reproduces_the_committed_file_in_a_fresh_process(bpe, text
 
 
 def test_training_key_covers_text_and_settings():
-    key = tk._training_key(["a b", "c"], 100, 2)
-    assert key == tk._training_key(["a b", "c"], 100, 2)
-    assert len({key, tk._training_key(["a b", "c "], 100, 2), tk._training_key(["a", "b", "c"], 100, 2),
-                tk._training_key(["a b", "c"], 200, 2), tk._training_key(["a b", "c"], 100, 3)}) == 5
+    key = tfiles.training_key(["a b", "c"], 100, 2)
+    assert key == tfiles.training_key(["a b", "c"], 100, 2)
+    assert len({key, tfiles.training_key(["a b", "c "], 100, 2), tfiles.training_key(["a", "b", "c"], 100, 2),
+                tfiles.training_key(["a b", "c"], 200, 2), tfiles.training_key(["a b", "c"], 100, 3)}) == 5
 
 
 def test_bpe_encodes_real_text(bpe, text_dir):

@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 from kvlab.cli import main  # noqa: E402
 from kvlab.errors import ConfigError  # noqa: E402
 from kvlab.workload import sources  # noqa: E402
-from kvlab.workload import tokenizer as tk  # noqa: E402
 from kvlab.workload import tokenizer_fetch as tf  # noqa: E402
+from kvlab.workload import tokenizer_files as tfiles  # noqa: E402
 from kvlab.workload import tokenizer_store as ts  # noqa: E402
 from kvlab.workload.rank_tokenizer import CL100K_PATTERN  # noqa: E402
 from kvlab.workload.tokenizer import load_tokenizer  # noqa: E402
@@ -47,7 +47,7 @@ def no_text(monkeypatch, tmp_path):
     def fail(*a, **k):
         raise AssertionError("the default tokenizer looked for text or trained")
 
-    for module, name in ((sources, "shared_corpus"), (sources, "shared_text_dir"), (tk, "train_bpe"),
+    for module, name in ((sources, "shared_corpus"), (sources, "shared_text_dir"), (tfiles, "train_bpe"),
                          (ts, "training_text")):
         monkeypatch.setattr(module, name, fail)
     monkeypatch.setenv("KVLAB_TOKENIZER_CACHE", str(tmp_path / "tokenizers"))
@@ -62,7 +62,7 @@ def test_committed_file_sha256_and_provenance():
     assert record["size"] == len(data) and record["file"] == "kvlab-bpe.json" and record["name"] == "kvlab-bpe"
     assert record["settings"] == {"vocab_size": 16384, "min_frequency": 2, "chat_template": "chatml",
                                   "special_tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
-    assert record["recipe"] == tk.RECIPE and record["tokenizers_version"].count(".") == 2
+    assert record["recipe"] == tfiles.RECIPE and record["tokenizers_version"].count(".") == 2
     assert record["training_key"].startswith("1f710f6626f24ffef5457d1a")  # the old cache file's name
     names = [f["path"] for f in record["files"]]
     assert len(names) == 14 and names[0] == "cacheblend/musique_s.json" and "mt_bench/question.jsonl" in names
@@ -115,7 +115,7 @@ def tiny_training(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name", ["kvlab-bpe", "tekken", "byte", "ranks-x", "kvlab-bpe-2", "a/b", "", "x.json",
                                   "-x", "x" * 65])
 def test_train_refuses_reserved_and_bad_names(tiny_training, monkeypatch, name):
-    monkeypatch.setattr(tk, "train_bpe", lambda *a, **k: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(tfiles, "train_bpe", lambda *a, **k: pytest.fail("trained before refusing"))
     with pytest.raises(ConfigError, match="--name") as e:
         ts.train_named(name)
     assert "\n" not in str(e.value) and not tiny_training.exists()

@@ -45,6 +45,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox, BboxBase
 
+from kvlab.plots.sizes import MAX_WIDTH, MIN_FONT_PT, SAVE_PAD
+
 #: overlaps (and cuts) smaller than this many display pixels are rounding, not a problem
 TOLERANCE_PX = 1.0
 #: a filled area at least this opaque is data a legend must not cover
@@ -79,8 +81,6 @@ shrunk when placed and its text would print below :data:`kvlab.plots.style.MIN_F
 def layout_problems(fig: Figure) -> list[str]:
     """The layout problems of ``fig`` (module docstring), one short line each, in a stable order; ``[]`` when
     there are none. Draws the figure once (``fig.canvas.draw()``); changes nothing else."""
-    from kvlab.plots import style
-
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     names = _panel_names(fig)
@@ -88,11 +88,11 @@ def layout_problems(fig: Figure) -> list[str]:
     items = list(_items(fig, renderer, names))
     problems += _legends_over_data(fig, renderer, names)
     problems += _tick_label_overlaps(items)
-    problems += _text_collisions(fig, renderer, items, names, style.SAVE_PAD)
-    problems += _small_text(items, style.MIN_FONT_PT)
-    width = fig.get_tightbbox(renderer).width + 2 * style.SAVE_PAD
-    if width > style.MAX_WIDTH + 0.005:
-        problems.append(f"figure is {width:.2f} in wide when saved: wider than {style.MAX_WIDTH:g} in")
+    problems += _text_collisions(fig, renderer, items, names, SAVE_PAD)
+    problems += _small_text(items, MIN_FONT_PT)
+    width = fig.get_tightbbox(renderer).width + 2 * SAVE_PAD
+    if width > MAX_WIDTH + 0.005:
+        problems.append(f"figure is {width:.2f} in wide when saved: wider than {MAX_WIDTH:g} in")
     elif width > fig.get_figwidth() + SPILL_IN:
         problems.append(f"figure is {width:.2f} in wide when saved, drawn at {fig.get_figwidth():.2f} in: text spills "
                         "out of the print width (a column figure would be shrunk below 7 pt)")

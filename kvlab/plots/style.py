@@ -32,6 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kvlab.plots.layout_check import layout_problems
+from kvlab.plots.sizes import MAX_WIDTH, MIN_FONT_PT, SAVE_PAD  # the print limits, published here too
 
 #: the layout problems :func:`save` found in the figure it saved last (:func:`layout_problems`); [] when none
 last_problems: list[str] = []
@@ -62,14 +63,8 @@ WIDTHS = {"column": COLUMN, "double": DOUBLE}
 #: old names, now print sizes: one panel = one column, two or three panels = the full width
 SINGLE = COLUMN
 WIDE = DOUBLE
-#: no saved figure is wider than this (inches): the full text width of a two-column paper
-MAX_WIDTH = 7.2
-#: no text of a saved figure is smaller than this (pt at print size)
-MIN_FONT_PT = 7.0
 #: no panel draws more series than this (more: small multiples, or the top k and the rest in REST_COLOR)
 MAX_SERIES = 8
-#: white margin around a saved figure (inches; matplotlib's default is 0.1)
-SAVE_PAD = 0.02
 DPI = 300
 
 RC = {

@@ -150,7 +150,7 @@ def rank_file_tokenizer(
     cache_dir: str | os.PathLike,
 ) -> Any:
     """The ``tokenizers.Tokenizer`` of a rank file (``tekken*.json`` or a tiktoken file), converted once and
-    cached in the folder ``cache_dir`` (:func:`kvlab.workload.tokenizer.tokenizer_cache_dir` resolves it) by the
+    cached in the folder ``cache_dir`` (:func:`kvlab.workload.tokenizer_files.tokenizer_cache_dir` resolves it) by the
     sha256 of the file, pattern and special tokens."""
     from tokenizers import Tokenizer
 

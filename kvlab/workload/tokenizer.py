@@ -26,10 +26,9 @@ the day it runs; pass another date to study what the injection costs.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,12 @@ from kvlab.errors import ConfigError
 from kvlab.inputs import regular_file
 from kvlab.workload._common import one_line
 from kvlab.workload.text import ASSISTANT_PREFIX, USER_PREFIX, ByteTokenizer
+from kvlab.workload.tokenizer_fetch import FETCHABLE
+from kvlab.workload.tokenizer_files import BPE_VOCAB_SIZE, tokenizer_cache_dir
+from kvlab.workload.tokenizer_store import committed_bpe, fetched_file, is_trained, trained_tokenizer
 
 DEFAULT_TOKENIZER = "kvlab-bpe"
 DEFAULT_DATE_STRING = "26 Jul 2024"  # Llama-3.1's template default; fixed so renderings are reproducible
-BPE_VOCAB_SIZE = 16384  # tokens
-BPE_MIN_FREQUENCY = 2
-BPE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-RECIPE = "byte-level-bpe-v1"  # kvlab's BPE recipe (train_bpe); part of the training key and provenance
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -234,59 +232,6 @@ class HFTokenizer(TextTokenizer):
 
 
 # ------------------------------------------------------------------------------------------ kvlab BPE
-def tokenizer_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """The tokenizer folder (trained and fetched tokenizers, rank-file conversions): ``cache``, else
-    ``$KVLAB_TOKENIZER_CACHE``, else ``$KVLAB_CACHE/tokenizers`` (kvlab's cache folder, as the tests set it),
-    else ``~/.cache/kvlab/tokenizers``. The committed kvlab-bpe is not here (package data)."""
-    if cache is not None:
-        return Path(cache)
-    env = os.environ.get("KVLAB_TOKENIZER_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("KVLAB_CACHE")
-    return Path(base) / "tokenizers" if base else Path.home() / ".cache" / "kvlab" / "tokenizers"
-
-
-def _tokenizers() -> Any:
-    try:
-        import tokenizers
-    except ImportError:
-        raise ConfigError("kvlab's BPE tokenizer needs the 'tokenizers' package: pip install 'kvlab[engine]'") from None
-    return tokenizers
-
-
-def train_bpe(texts: Iterable[str], *, vocab_size: int = BPE_VOCAB_SIZE, min_frequency: int = BPE_MIN_FREQUENCY) -> Any:
-    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` (GPT-2 pre-tokeniser, untrimmed offsets)."""
-    tk = _tokenizers()
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    tok = tk.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(BPE_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    return tok
-
-
-def _training_key(texts: list[str], vocab_size: int, min_frequency: int) -> str:
-    """sha256 over the training text and every setting that changes the vocabulary."""
-    h = hashlib.sha256()
-    settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "special": BPE_SPECIAL_TOKENS,
-                "tokenizers": _tokenizers().__version__, "recipe": RECIPE}
-    h.update(json.dumps(settings, sort_keys=True).encode())
-    for t in texts:
-        h.update(b"\x1e")
-        h.update(t.encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
-
-
 def wrap_tokenizers(
     tok: Any, name: str, *, chat_template: str | None = None, eos_token: str | None = None
 ) -> HFTokenizer:
@@ -309,8 +254,6 @@ def bpe_tokenizer(tok: Any, name: str) -> HFTokenizer:
 def kvlab_bpe() -> HFTokenizer:
     """kvlab's BPE: the committed ``kvlab-bpe.json`` (sha256 checked; never trained here), named
     ``kvlab-bpe-16384`` in run identities as it always was."""
-    from kvlab.workload.tokenizer_store import committed_bpe
-
     return bpe_tokenizer(committed_bpe(), f"kvlab-bpe-{BPE_VOCAB_SIZE}")
 
 
@@ -355,8 +298,6 @@ def load_tokenizer(
     Every tokenizer is checked before it is returned (:func:`check_tokenizer`: it must encode text to tokens);
     tokenizer files are read only when they are regular files (a FIFO or device is refused, never opened).
     """
-    from kvlab.workload.tokenizer_store import fetched_file, trained_tokenizer
-
     kind, name = resolve_spec(spec)
     folder = tokenizer_cache_dir(cache_dir)
     if kind == "kvlab-bpe":
@@ -388,8 +329,6 @@ def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str]:
     """``(kind, name)`` of a tokenizer spec, without loading anything: kind ``kvlab-bpe``, ``byte``, ``fetched``
     (a :data:`~kvlab.workload.tokenizer_fetch.FETCHABLE` name), ``ranks`` (a rank file's path), or ``other``
     (a trained name, else a Hugging Face folder or name: :func:`load_tokenizer` tells them apart)."""
-    from kvlab.workload.tokenizer_fetch import FETCHABLE
-
     if spec is not None and not isinstance(spec, str | os.PathLike):
         raise ConfigError(f"tokenizer: expected a tokenizer spec (a name or a path), got {kind_of(spec)}")
     if spec is None or spec == DEFAULT_TOKENIZER:
@@ -408,8 +347,6 @@ def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str]:
 
 
 def _not_found(name: str, why: str) -> str:
-    from kvlab.workload.tokenizer_fetch import FETCHABLE
-
     return (f"tokenizer {name!r}: not a kvlab tokenizer (kvlab-bpe, byte, {', '.join(FETCHABLE)}, or a name trained "
             f"with kvlab tokenizer train), a local folder, nor in the Hugging Face cache (offline, nothing "
             f"downloaded): {why}")
@@ -420,15 +357,11 @@ def check_spec(spec: str | os.PathLike | None, *, cache_dir: str | os.PathLike |
     fetched name's file is present (else the line names ``kvlab tokenizer fetch``), a trained name's files,
     a rank file is a regular file, a folder exists, or a Hugging Face name has its tokenizer files in the
     Hugging Face cache. What only loading shows (a broken vocabulary) :func:`load_tokenizer` refuses later."""
-    from kvlab.workload.tokenizer_store import is_trained
-
     kind, name = resolve_spec(spec)
     folder = tokenizer_cache_dir(cache_dir)
     if kind in ("kvlab-bpe", "byte"):
         return
     if kind == "fetched":
-        from kvlab.workload.tokenizer_store import fetched_file
-
         fetched_file(name, folder, check_sha256=False)
     elif kind == "ranks":
         regular_file(name, "tokenizer file")

