@@ -27,6 +27,9 @@ PositiveInt = Annotated[int, Field(ge=1)]
 CapacityBlocks = Annotated[int, Field(ge=1, le=MAX_CAPACITY_BLOCKS)]
 BlockSize = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
 Seed = Annotated[int, Field(ge=0, lt=1 << 64)]
+#: an experiment's name, also its results folder ``results/<name>`` (kvlab.experiment.config.Experiment.name;
+#: kvlab.results.runs reads it from an experiment file)
+ExperimentName = Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 HashScheme = Literal["sha256", "xxh3_128", "xxh3_64", "builtin"]
 CountingMode = Literal["vllm", "ideal"]
 TraceFormat = Literal["mooncake", "alibaba", "jsonl", "parquet", "request-log", "messages"]
@@ -226,6 +229,7 @@ __all__ = [
     "BlockSize",
     "CapacityBlocks",
     "CountingMode",
+    "ExperimentName",
     "HashScheme",
     "PositiveInt",
     "Schema",
@@ -239,28 +243,6 @@ __all__ = [
     "refuse_bool_numbers",
     "validate_fields",
 ]
-
-
-def check_policy_name(value: str) -> str:
-    """Field validator: ``value`` is a registered eviction policy (ConfigError listing them otherwise)."""
-    from kvlab.policies import available_policies
-
-    if value not in available_policies():
-        raise ConfigError(f"unknown policy {value!r}; available: {', '.join(available_policies())}")
-    return value
-
-
-def check_policy_params(value: dict, info: Any) -> dict:
-    """Field validator: the policy (an earlier field named ``policy``) checks its own parameters:
-    unknown names, types and bounds (ConfigError naming the policy, parameter and range)."""
-    from kvlab.policies import make_policy
-    from kvlab.policies.base import resolved_policy_params
-
-    policy = info.data.get("policy")
-    if policy is not None:
-        resolved_policy_params(policy, value)
-        make_policy(policy, **value)
-    return value
 
 
 def renamed_fields(data: Any) -> Any:

@@ -11,7 +11,7 @@ from _util import assert_twin_equal, random_token_workload
 
 from kvlab.cache import AccessContext, PrefixCache
 from kvlab.errors import ConfigError
-from kvlab.policies import available_policies, make_policy
+from kvlab.policies import available_policies, make_cache, make_policy
 from kvlab.policies._adapter import CompiledAdapter, grow_state, reads_argument
 from kvlab.replay import ReplayConfig, encode
 
@@ -24,7 +24,7 @@ def test_queue_policies_are_their_compiled_hooks():
 
 def admissions(policy, requests: list[list], capacity: int) -> list[tuple]:
     """Admit and release ``requests`` (lists of keys, block size 1) in order; what each admission did."""
-    cache = PrefixCache(capacity, policy, block_size=1)
+    cache = make_cache(capacity, policy, block_size=1)
     out = []
     for seq, keys in enumerate(requests):
         ctx = AccessContext(time=float(seq), seq=seq)

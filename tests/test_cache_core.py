@@ -8,6 +8,7 @@ import pytest
 
 from kvlab.cache import AccessContext, PrefixCache, admission
 from kvlab.errors import CapacityError, ConfigError
+from kvlab.policies import make_cache
 from kvlab.policies.base import EvictionPolicy
 
 
@@ -36,7 +37,7 @@ def alloc_order(cache: PrefixCache) -> list[int]:
 
 
 def test_prefill_then_hit():
-    cache = PrefixCache(10, block_size=4)
+    cache = make_cache(10, block_size=4)
     common = list(range(12))  # 3 full blocks
     a = run(cache, common + [100, 101, 102], release=False)
     assert (a.hit_blocks, a.new_blocks) == (0, 4)
@@ -52,14 +53,14 @@ def test_prefill_then_hit():
 
 
 def test_release_order_tail_first_and_partial_block_to_front():
-    cache = PrefixCache(6, block_size=2)
+    cache = make_cache(6, block_size=2)
     run(cache, [1, 2, 3, 4, 5, 6, 7])  # blocks 0,1,2 keyed; 3 partial
     # free queue: unkeyed partial (3) at the front, untouched 4,5, then keyed tail first: 2,1,0
     assert alloc_order(cache) == [3, 4, 5, 2, 1, 0]
 
 
 def test_lru_evicts_tail_of_sequence_before_head():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     run(cache, [1, 2, 3, 4, 5, 6, 7, 8])  # 4 full blocks, keys k0..k3 in blocks 0..3
     keys = chain([1, 2, 3, 4, 5, 6, 7, 8], 2)
     adm = run(cache, [9, 9])  # needs one block: evicts the sequence's last block first
@@ -71,7 +72,7 @@ def test_lru_evicts_tail_of_sequence_before_head():
 
 
 def test_eviction_order_follows_unpin_time():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     run(cache, [1, 1, 2, 2])  # blocks 0,1 -> queue [1, 0] after release (tail first) behind free 2,3
     run(cache, [3, 3, 4, 4])  # takes 2,3 -> queue [1, 0, 3, 2]
     run(cache, [1, 1])  # last-token cap: 0 hits (prompt of one block), allocates 1 -> evicts block 1
@@ -81,7 +82,7 @@ def test_eviction_order_follows_unpin_time():
 
 
 def test_hits_are_protected_from_eviction_by_their_own_request():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     run(cache, [1, 1, 2, 2, 3, 3])  # 3 cached blocks + 1 free
     # second request hits 2 blocks and needs 2 new: the free one and one victim, never its own hits
     adm = run(cache, [1, 1, 2, 2, 9, 9, 9], release=False)
@@ -91,7 +92,7 @@ def test_hits_are_protected_from_eviction_by_their_own_request():
 
 
 def test_running_blocks_are_never_evicted():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     a = run(cache, [1, 1, 2, 2, 3, 3], release=False)  # 3 running
     assert run(cache, [5, 5, 6, 6]) is None  # needs 2, only 1 free
     b = run(cache, [5, 5], release=False)
@@ -100,7 +101,7 @@ def test_running_blocks_are_never_evicted():
 
 
 def test_last_prompt_token_is_always_recomputed():
-    cache = PrefixCache(8, block_size=4)
+    cache = make_cache(8, block_size=4)
     tokens = list(range(8))  # exactly 2 full blocks
     run(cache, tokens)
     assert run(cache, tokens).hit_blocks == 1  # capped at (8 - 1) // 4 = 1 block
@@ -109,7 +110,7 @@ def test_last_prompt_token_is_always_recomputed():
 
 
 def test_recomputed_last_block_is_a_duplicate_and_either_copy_serves():
-    cache = PrefixCache(8, block_size=2)
+    cache = make_cache(8, block_size=2)
     tokens = [1, 2, 3, 4]
     first = run(cache, tokens, release=False)
     second = run(cache, tokens, release=False)  # hits block 0, recomputes block 1 into another block
@@ -126,7 +127,7 @@ def test_recomputed_last_block_is_a_duplicate_and_either_copy_serves():
 
 
 def test_lookup_stops_at_first_miss():
-    cache = PrefixCache(16, block_size=2)
+    cache = make_cache(16, block_size=2)
     run(cache, [1, 2, 3, 4, 5, 6, 7, 8, 0])
     # same later blocks after a different first block: zero hits (chained keys)
     assert run(cache, [9, 9, 3, 4, 5, 6, 7, 8, 0]).hit_blocks == 0
@@ -137,7 +138,7 @@ def test_lookup_stops_at_first_miss():
 )
 def test_seed_002_worked_example(changed, expected_hits):
     """Seed 002: cache holds A..H in blocks of 2; one position changed to X."""
-    cache = PrefixCache(16, block_size=2)
+    cache = make_cache(16, block_size=2)
     text = list("ABCDEFGH")
     run(cache, text, mode="ideal")
     new = list(text)
@@ -150,7 +151,7 @@ def test_seed_002_worked_example(changed, expected_hits):
 
 def test_failed_allocation_has_no_side_effects():
     def cache_with_one_running() -> tuple[PrefixCache, object]:
-        cache = PrefixCache(5, block_size=2)
+        cache = make_cache(5, block_size=2)
         run(cache, [1, 1, 2, 2, 3, 3])  # 3 evictable
         return cache, run(cache, [7, 7], release=False)  # 1 running (took a free block)
 
@@ -167,7 +168,7 @@ def test_failed_allocation_has_no_side_effects():
 
 
 def test_fit_check_counts_own_evictable_hits():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     run(cache, [1, 1, 2, 2])  # 2 evictable + 2 free
     # 2 hits (evictable) + 2 new = 4 = capacity: fits exactly
     adm = run(cache, [1, 1, 2, 2, 3, 3, 4], release=False)
@@ -175,14 +176,14 @@ def test_fit_check_counts_own_evictable_hits():
 
 
 def test_salt_isolation():
-    cache = PrefixCache(16, block_size=2)
+    cache = make_cache(16, block_size=2)
     tokens = [1, 2, 3, 4, 5]
     cache.release(cache.admit(chain(tokens, 2, root=("salt", "a")), 5).blocks)
     assert cache.admit(chain(tokens, 2, root=("salt", "b")), 5).hit_blocks == 0
 
 
 def test_reset_only_when_nothing_runs():
-    cache = PrefixCache(4, block_size=2)
+    cache = make_cache(4, block_size=2)
     a = run(cache, [1, 1, 2, 2, 3], release=False)
     with pytest.raises(CapacityError, match="in use"):
         cache.reset()
@@ -197,7 +198,7 @@ def test_capacity_never_exceeded_and_refcounts_balance():
     import random
 
     rnd = random.Random(7)
-    cache = PrefixCache(12, block_size=2)
+    cache = make_cache(12, block_size=2)
     running = []
     for step in range(400):
         if running and rnd.random() < 0.45:
@@ -224,24 +225,24 @@ def test_capacity_never_exceeded_and_refcounts_balance():
 
 def test_bad_config():
     with pytest.raises(ConfigError):
-        PrefixCache(0)
+        make_cache(0)
     with pytest.raises(ConfigError, match="unknown policy"):
-        PrefixCache(4, "nope")
+        make_cache(4, "nope")
     with pytest.raises(ConfigError, match="counting mode"):
-        PrefixCache(4).max_hit_blocks(10, 2, "sometimes")
+        make_cache(4).max_hit_blocks(10, 2, "sometimes")
 
 
 def test_old_capacity_keyword_still_works():
     """``num_blocks`` is the old name of ``capacity_blocks`` (kvlab.names.KEYWORD_ALIASES)."""
-    cache = PrefixCache(num_blocks=6, block_size=2)
+    cache = make_cache(num_blocks=6, block_size=2)
     assert cache.capacity_blocks == cache.num_blocks == len(cache.blocks) == 6
-    assert PrefixCache(capacity_blocks=3).num_free_blocks == 3
+    assert make_cache(capacity_blocks=3).num_free_blocks == 3
     with pytest.raises(TypeError, match="old name"):
-        PrefixCache(4, num_blocks=4)
+        make_cache(4, num_blocks=4)
     with pytest.raises(TypeError, match="unexpected keyword argument 'size'"):
-        PrefixCache(4, size=4)
+        make_cache(4, size=4)
     with pytest.raises(TypeError, match="missing required argument"):
-        PrefixCache()
+        make_cache()
 
 
 # ---------------------------------------------------------------------- the admission sequence
@@ -306,7 +307,7 @@ def test_admission_sequence_order_and_a_refused_request_calls_no_hook():
 
 def test_admission_steps_compose_to_admit():
     """The replay's admit is the sequence's functions with the new full blocks keyed at once."""
-    cache, twin = PrefixCache(6, block_size=2), PrefixCache(6, block_size=2)
+    cache, twin = make_cache(6, block_size=2), make_cache(6, block_size=2)
     for tokens in ([1, 1, 2, 2, 3], [1, 1, 2, 2, 4, 4, 5], [6, 6, 7, 7, 8, 8, 9], [1, 1, 2, 2, 3]):
         keys = chain(tokens, 2)
         adm = run(cache, tokens, release=False)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from _util import random_token_workload
 
-from kvlab.cache import PrefixCache
 from kvlab.cache.manager import KVCacheManager, KVRequest
 from kvlab.errors import ConfigError
+from kvlab.policies import make_cache
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.workload import zipf_blocks
 
@@ -17,7 +17,7 @@ def manager_replay(workload, capacity: int, policy: str, cache_at: str, block_si
     """Each request looked up, admitted with its whole prompt, computed and freed before the next."""
     config = ReplayConfig(capacity_blocks=capacity, policy=policy, block_size=block_size)
     enc = encode(workload, config)
-    cache = PrefixCache(capacity, policy, block_size=enc.block_size)
+    cache = make_cache(capacity, policy, block_size=enc.block_size)
     manager = KVCacheManager(cache, cache_at=cache_at)
     keys = enc.key_ids.tolist()
     offsets = enc.offsets.tolist()
@@ -57,7 +57,7 @@ def test_single_request_at_a_time_reproduces_replay(kind, capacity, policy, cach
 
 
 def test_failed_allocation_changes_nothing():
-    cache = PrefixCache(4, "lru", block_size=4)
+    cache = make_cache(4, "lru", block_size=4)
     manager = KVCacheManager(cache)
     a = KVRequest(0, 8, keys=[10, 11])
     assert manager.allocate_slots(a, 8, [])
@@ -74,7 +74,7 @@ def test_failed_allocation_changes_nothing():
 
 
 def test_blocks_grow_with_tokens_and_are_keyed_when_full():
-    cache = PrefixCache(16, "lru", block_size=4)
+    cache = make_cache(16, "lru", block_size=4)
     manager = KVCacheManager(cache, cache_at="compute")
     req = KVRequest(0, 6, keys=[1, 2, 3])  # 6 prompt tokens + known output: keys for 3 full blocks
     assert manager.allocate_slots(req, 6, [])
@@ -98,7 +98,7 @@ def test_truths_growing_keys_keying_after_compute_and_request_time():
     """What the engine's sequential driver uses: truths recorded on keyed blocks, keys appended as tokens are
     sampled (re-arming the keying trigger), blocks keyed right after the forward pass (never over K/V that a
     failed forward did not write), and ``now=None``: each request's own ``ctx.time``."""
-    cache = PrefixCache(8, "lru", block_size=4)
+    cache = make_cache(8, "lru", block_size=4)
     manager = KVCacheManager(cache, cache_at="compute", now=None)
     req = KVRequest(0, 6, keys=[1], truths=["t1"])
     req.ctx.time = 12.5

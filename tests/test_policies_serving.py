@@ -17,7 +17,7 @@ from _util import write_oracle_general
 from kvlab.cache import AccessContext, KVBlock, PrefixCache
 from kvlab.errors import ConfigError
 from kvlab.hashing import EncodedWorkload
-from kvlab.policies import EvictionPolicy, make_policy
+from kvlab.policies import EvictionPolicy, make_cache, make_policy
 from kvlab.policies.belady import NEVER, next_use
 from kvlab.policies.prefix_aware import prefix_aware
 from kvlab.replay import ReplayConfig, encode, replay
@@ -43,7 +43,7 @@ class Driver:
     """A PrefixCache plus a clock: ``run`` admits and releases a prompt; ``start``/``finish`` split it."""
 
     def __init__(self, capacity: int, policy: str | EvictionPolicy, **params: object) -> None:
-        self.cache = PrefixCache(capacity, policy, block_size=1, policy_params=params or None)
+        self.cache = make_cache(capacity, policy, block_size=1, policy_params=params or None)
         self.seq = 0
         self.victims: list[tuple] = []  # keys given up, in order
         policy_obj, original = self.cache.policy, self.cache.policy.victim
@@ -350,7 +350,7 @@ def test_belady_tie_breaks_differ_from_libcachesim_only_among_keys_never_used_ag
 
 
 def test_belady_needs_the_future():
-    d = PrefixCache(2, "belady", block_size=1)
+    d = make_cache(2, "belady", block_size=1)
     with pytest.raises(ConfigError, match="prepare"):
         d.admit([0], 1, AccessContext(seq=0), mode="ideal")
 

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvlab.cache import PrefixCache
 from kvlab.cache.manager import KVCacheManager
 from kvlab.cli import main
 from kvlab.hashing import BlockHasher
+from kvlab.policies import make_cache
 from kvlab.profiles import load_model
 from kvlab.results import read_results
 from kvlab.sim import Request, Scheduler, SimClock, SimConfig, WallClock, scaled_arrivals, simulate
@@ -49,7 +49,7 @@ class FixedExecutor:
 def serve(requests: list[Request], capacity: int = 1000, *, cache_at: str = "schedule", executor=None,
           **kw) -> tuple[Scheduler, FixedExecutor]:
     executor = executor or FixedExecutor()
-    manager = KVCacheManager(PrefixCache(capacity, "lru", block_size=BS), cache_at=cache_at)
+    manager = KVCacheManager(make_cache(capacity, "lru", block_size=BS), cache_at=cache_at)
     scheduler = Scheduler(manager, executor, SimClock(), **kw)
     scheduler.run(requests)
     return scheduler, executor
@@ -316,7 +316,7 @@ def test_instances_and_routing():
 
 def test_wall_clock_runs_the_same_scheduler():
     rs = [req(i, toks(10 * i, 6), 3, arrival=0.002 * i) for i in range(5)]
-    manager = KVCacheManager(PrefixCache(100, "lru", block_size=BS))
+    manager = KVCacheManager(make_cache(100, "lru", block_size=BS))
     scheduler = Scheduler(manager, FixedExecutor(0.0), WallClock())
     assert not scheduler.fast_forward
     scheduler.run(rs)

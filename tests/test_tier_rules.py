@@ -24,6 +24,7 @@ from _util import cli_error
 from kvlab.cli import main
 from kvlab.errors import ConfigError
 from kvlab.experiment import load_experiment, plan
+from kvlab.policies import make_cache
 from kvlab.replay import replay
 from kvlab.sim import simulate
 from kvlab.tiers import Tier, TierStack, parse_tier
@@ -170,14 +171,13 @@ def test_rule_count_is_what_the_docstring_says():
 def test_both_backends_refuse_each_rule_given_to_them_directly(workload, rule, tiers, options, words):
     """Tiers made past the schema (``model_construct``: no validation) still meet check_tiers in TierStack (the
     python backend) and in the compiled TieredReplay."""
-    from kvlab.cache import PrefixCache
     from kvlab.hashing import BlockHasher, encode_workload
     from kvlab.policies import make_policy
     from kvlab.tiers.compiled import TieredReplay
 
     built = [Tier.model_construct(**t) for t in tiers]  # defaults filled in, nothing checked
     with pytest.raises(ConfigError) as err:
-        TierStack(PrefixCache(CAPACITY, "lru", block_size=BLOCK), built, **options)
+        TierStack(make_cache(CAPACITY, "lru", block_size=BLOCK), built, **options)
     assert all(w in str(err.value) for w in words), str(err.value)
     enc = encode_workload(workload, BlockHasher("xxh3_64"), BLOCK)
     device = make_policy("lru")

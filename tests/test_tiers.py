@@ -13,7 +13,7 @@ from kvlab.cache import PrefixCache
 from kvlab.cache.context import AccessContext
 from kvlab.cache.manager import KVCacheManager, KVRequest
 from kvlab.errors import ConfigError
-from kvlab.policies import available_policies, make_policy
+from kvlab.policies import available_policies, make_cache, make_policy
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.tiers import Tier, TierStack, parse_tier
 
@@ -135,7 +135,7 @@ class Checker:
     block of any tier is ever evicted."""
 
     def __init__(self, capacity: int, policy: str, tiers, block_size: int, max_load_tokens=None) -> None:
-        self.device = PrefixCache(capacity, policy, block_size=block_size)
+        self.device = make_cache(capacity, policy, block_size=block_size)
         self.stack = TierStack(self.device, tiers, max_load_tokens=max_load_tokens)
         for cache in [self.device] + [t.cache for t in self.stack.tiers]:
             inner = cache.key_listener
@@ -224,7 +224,7 @@ def test_kv_manager_one_request_at_a_time_equals_the_replay():
     w = conversation_workload(2, n=200)
     r = replay(w, capacity_blocks=15, block_size=4, backend="python", tiers=tiers)
     enc = encode(w, ReplayConfig(capacity_blocks=15, block_size=4))
-    cache = PrefixCache(15, "lru", block_size=4)
+    cache = make_cache(15, "lru", block_size=4)
     TierStack(cache, tiers)
     manager = KVCacheManager(cache)
     keys, offsets = enc.key_ids.tolist(), enc.offsets.tolist()
@@ -318,7 +318,7 @@ def test_tier_sizes_in_gib_need_a_model_and_convert_to_whole_blocks():
 
 
 def test_tier_configs_that_cannot_work_are_refused_before_any_work():
-    device = PrefixCache(4, "lru", block_size=2)
+    device = make_cache(4, "lru", block_size=2)
     with pytest.raises(ConfigError, match="chunk=2 needs write=write_through"):
         TierStack(device, [tier(chunk_blocks=2, write="write_back")])
     with pytest.raises(ConfigError, match="given twice"):

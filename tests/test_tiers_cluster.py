@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from _util import conversation_workload, random_token_workload
 
-from kvlab.cache import PrefixCache
 from kvlab.errors import ConfigError
+from kvlab.policies import make_cache
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.replay.cluster import replay_cluster
 from kvlab.studies.tiers import Node, StudyConfig, capacity_at, run_study, study_markdown
@@ -132,15 +132,15 @@ def test_a_shared_pool_needs_inclusion_none(inclusion):
     assert "\n" not in str(err.value)
     shared = LowerTier(pool, 1, 4)
     with pytest.raises(ConfigError, match="inclusion=none"):
-        TierStack(PrefixCache(8, "lru", block_size=4), [shared])
+        TierStack(make_cache(8, "lru", block_size=4), [shared])
 
 
 def test_a_shared_tier_must_be_last_and_match_the_block_size():
     shared = LowerTier(tier("pool", 16), 1, 4)
     with pytest.raises(ConfigError, match="must be the last tier"):
-        TierStack(PrefixCache(8, "lru", block_size=4), [shared, tier("ssd", 8)])
+        TierStack(make_cache(8, "lru", block_size=4), [shared, tier("ssd", 8)])
     with pytest.raises(ConfigError, match="4-token blocks"):
-        TierStack(PrefixCache(8, "lru", block_size=8), [shared])
+        TierStack(make_cache(8, "lru", block_size=8), [shared])
     with pytest.raises(ConfigError, match="given twice"):
         replay_cluster(*two_nodes_one_prompt(), nodes=2, pool=tier("pool", 8), tiers=[tier("pool", 8)])
     with pytest.raises(ConfigError, match="router"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from _util import random_token_workload
 
-from kvlab.cache import PrefixCache
+from kvlab.policies import make_cache
 from kvlab.replay import ReplayConfig, encode, replay
 from kvlab.workload import load_trace
 
@@ -107,7 +107,7 @@ def test_block_ids_follow_vllm_queue_order():
     w = random_token_workload(9, n=200)
     enc = encode(w, ReplayConfig(capacity_blocks=11, block_size=2))
     ref = VllmReference(11, 2)
-    cache = PrefixCache(11, block_size=2)
+    cache = make_cache(11, block_size=2)
     for r in range(len(w)):
         keys = enc.key_ids[enc.offsets[r] : enc.offsets[r + 1]].tolist()
         expected = ref.step(keys, int(enc.prompt_tokens[r]), False)

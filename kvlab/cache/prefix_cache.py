@@ -37,9 +37,9 @@ from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.errors import CapacityError, ConfigError
 from kvlab.names import renamed_attribute, renamed_keyword
 
-if TYPE_CHECKING:  # kvlab.policies imports the cache's block types: import it lazily at run time
+if TYPE_CHECKING:  # kvlab.policies sits above the cache (it builds on the cache's block types): types only
+    from kvlab.cache.lower import LowerTiers
     from kvlab.policies import EvictionPolicy
-    from kvlab.tiers.stack import TierStack
 
 __all__ = ["COUNTING_MODES", "Admission", "CacheStats", "PrefixCache", "pool_blocks"]
 
@@ -80,8 +80,10 @@ class CacheStats:
 class PrefixCache:
     """A pool of ``capacity_blocks`` usable KV blocks with a key index and one eviction policy.
 
-    ``block_size`` in tokens. The old keyword and attribute ``num_blocks`` still mean ``capacity_blocks``
-    (:data:`kvlab.names.KEYWORD_ALIASES`).
+    ``policy`` is a policy object (:class:`kvlab.policies.EvictionPolicy`, not yet attached to another cache):
+    the cache never looks a name up; ``kvlab.policies.make_policy(name, **params)`` does, and
+    :func:`kvlab.policies.make_cache` builds a cache from a policy name. ``block_size`` in tokens. The old
+    keyword and attribute ``num_blocks`` still mean ``capacity_blocks`` (:data:`kvlab.names.KEYWORD_ALIASES`).
     """
 
     num_blocks = renamed_attribute("capacity_blocks")
@@ -89,15 +91,17 @@ class PrefixCache:
     def __init__(
         self,
         capacity_blocks: int | None = None,
-        policy: str | EvictionPolicy = "lru",
+        policy: EvictionPolicy | None = None,
         *,
         block_size: int = 16,
-        policy_params: dict | None = None,
         **old_names: int,
     ) -> None:
         capacity_blocks = renamed_keyword("PrefixCache", "capacity_blocks", capacity_blocks, old_names)
         if capacity_blocks is None:
             raise TypeError("PrefixCache() missing required argument: 'capacity_blocks'")
+        if policy is None or isinstance(policy, str):
+            raise TypeError("PrefixCache() takes a policy object: kvlab.policies.make_policy(name, **params), or "
+                            "kvlab.policies.make_cache(capacity_blocks, name, ...) for a cache by policy name")
         if capacity_blocks <= 0:
             raise ConfigError(f"capacity must be >= 1 block, got {capacity_blocks}")
         if block_size <= 0:
@@ -105,9 +109,7 @@ class PrefixCache:
         self.capacity_blocks = capacity_blocks
         self.block_size = block_size
         self.blocks = [KVBlock(i) for i in range(capacity_blocks)]
-        from kvlab.policies import make_policy
-
-        self.policy = make_policy(policy, **(policy_params or {}))
+        self.policy = policy
         self.policy.attach(self)
         self._free: deque[KVBlock] = deque(self.blocks)
         self._index: dict[Hashable, dict[int, KVBlock]] = {}
@@ -115,8 +117,8 @@ class PrefixCache:
         self._children: dict[Hashable, int] = {}  # key -> cached blocks whose parent is that key
         self._orphans = 0  # cached blocks whose parent key is not cached (unreachable)
         self.stats = CacheStats()
-        #: the tiers below this cache (kvlab.tiers.TierStack, which sets it), None without lower tiers
-        self.tiers: TierStack | None = None
+        #: the tiers below this cache (a kvlab.tiers.TierStack, which sets it), None without lower tiers
+        self.tiers: LowerTiers | None = None
         #: called as ``key_listener(block, last)`` for each block whose key is dropped (evicted or removed),
         #: before its key is cleared; ``last``: no other block holds the key now. Set by the TierStack.
         self.key_listener: Callable[[KVBlock, bool], None] | None = None

@@ -60,6 +60,7 @@ from kvlab.engine.verify import Tolerance, VerifyReport, verify_prefill
 from kvlab.errors import CapacityError, ConfigError
 from kvlab.hashing import BlockHasher, EncodedWorkload, truth_hasher
 from kvlab.metrics import latency_stats, summarize
+from kvlab.policies import make_policy
 from kvlab.tiers import Tier
 from kvlab.workload.workload import Workload
 
@@ -107,8 +108,8 @@ class Engine(PagedModel):
                          device=device, dtype=dtype, adapters=adapters, num_threads=num_threads, **old_names)
         self.policy_name = policy if isinstance(policy, str) else type(policy).__name__
         self.policy_params = dict(policy_params or {})
-        self.cache = PrefixCache(self.capacity_blocks, policy, block_size=self.block_size,
-                                 policy_params=policy_params)
+        self.cache = PrefixCache(self.capacity_blocks, make_policy(policy, **(policy_params or {})),
+                                 block_size=self.block_size)
         self.manager = KVCacheManager(self.cache, cache_at="compute", now=None)  # ctx.time: each request's arrival
         self.tier_io = attach_tiers(self.cache, self.pool, tiers, tier_dir=tier_dir, max_load_tokens=max_load_tokens)
         self.hasher = hasher if hasher is not None else BlockHasher(model_id=self.model_id)

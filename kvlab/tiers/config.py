@@ -3,7 +3,7 @@
 :class:`CacheConfig` holds the fields every driver shares — ``block_size`` (tokens per block), ``capacity_blocks``
 (device blocks), ``policy`` and ``policy_params``, ``tiers`` (the lower tiers, level 1 first) and
 ``max_load_tokens`` (tokens per request loaded from the lower tiers) — and their checks: the policy name
-(kvlab.schema.check_policy_name), its parameters (checked by the policy) and the tier rules
+(kvlab.policies.check_policy_name), its parameters (checked by the policy) and the tier rules
 (:func:`kvlab.tiers.spec.check_tiers`, the one tier/spec validation of every entry point).
 :class:`ReplayCacheConfig` adds what the replay counts with: ``mode``, ``backend``, ``verify``.
 
@@ -23,13 +23,12 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from kvlab.policies import check_policy_name, check_policy_params
 from kvlab.schema import (
     BlockSize,
     CapacityBlocks,
     CountingMode,
     Schema,
-    check_policy_name,
-    check_policy_params,
 )
 from kvlab.tiers.spec import Tier, check_tiers
 

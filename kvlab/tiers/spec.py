@@ -24,14 +24,13 @@ from pydantic import (
 )
 
 from kvlab.errors import ConfigError
+from kvlab.policies import check_policy_name, check_policy_params
 from kvlab.schema import (
     MAX_CAPACITY_BLOCKS,
     CapacityBlocks,
     Schema,
     _describe,
     _metadata,
-    check_policy_name,
-    check_policy_params,
 )
 from kvlab.units import GIB
 

@@ -43,6 +43,7 @@ from kvlab.cache.block import KVBlock
 from kvlab.cache.context import NO_CONTEXT, AccessContext
 from kvlab.cache.prefix_cache import PrefixCache, pool_blocks
 from kvlab.errors import ConfigError
+from kvlab.policies import make_policy
 from kvlab.tiers.spec import Tier, check_tiers
 
 
@@ -111,8 +112,8 @@ class LowerTier:
         self.chunk = spec.chunk_blocks
         slots = spec.chunk_slots if demand_blocks is None else pool_blocks(spec.chunk_slots,
                                                                            demand_blocks // self.chunk + 1)
-        self.cache = PrefixCache(slots, spec.policy, block_size=block_size * spec.chunk_blocks,
-                                 policy_params=spec.policy_params)
+        self.cache = PrefixCache(slots, make_policy(spec.policy, **(spec.policy_params or {})),
+                                 block_size=block_size * spec.chunk_blocks)
         self.counters = TierCounters()
         self.unread: set[int] = set()  # slots stored and not loaded since
         self.pinned_above: set[Hashable] = set()  # inclusive: keys this tier pins (resident above)
