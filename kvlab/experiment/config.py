@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -47,6 +47,7 @@ from kvlab.experiment.sections import (
     later_left_out,
 )
 from kvlab.schema import (
+    ExperimentName,
     Schema,
     Seed,
     _describe,
@@ -81,7 +82,7 @@ class Experiment(Schema):
     """A study: everything one run needs, plus the ``sweep`` axes (see the module docstring)."""
 
     label: ClassVar[str | None] = "experiment"
-    name: Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    name: ExperimentName
     description: str = ""
     trace: TraceSpec
     hasher: HasherSpec = Field(default_factory=HasherSpec)

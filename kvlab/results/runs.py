@@ -4,7 +4,8 @@ table (``kvlab.results.load``).
 A folder ``OUT`` (docs/results.md) holds ``OUT/runs/<run_id>/`` (one complete run each, kvlab.results layout),
 ``OUT/sweep.parquet`` (the table rebuilt from them) and ``OUT/.locks/``. A run is a row only when it is
 complete (every file matches its manifest's checksums) and its folder is named by its ``run_id``. Reading
-only: this module writes nothing and imports neither the drivers nor kvlab.experiment's runner.
+only: this module writes nothing and imports neither the drivers nor kvlab.experiment (an experiment file's
+name is read here, :func:`experiment_file_name`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import pandas as pd
 
 from kvlab.arguments import kind_of
 from kvlab.errors import ConfigError, ResultsError
+from kvlab.inputs import parse_yaml, read_text
 from kvlab.names import canonical_keys
 from kvlab.results.paths import safe_name
 from kvlab.results.store import MANIFEST, SUMMARY, read_json, verify_run
 from kvlab.results.trust import folder_problems, report
+from kvlab.schema import ExperimentName, validate_fields
 
 RUNS = "runs"
 LOCKS = ".locks"
@@ -227,14 +230,27 @@ def experiment_folder(name: str, results: str | os.PathLike = "results") -> Path
     return Path(results) / safe_name(name)
 
 
+def experiment_file_name(path: Path) -> str:
+    """The ``name:`` of the experiment YAML file ``path``, checked as the experiment schema checks it
+    (:data:`kvlab.schema.ExperimentName`); ConfigError starting with the file's path otherwise. Only the name is
+    read: the results sit below kvlab.experiment, which checks the whole file when it runs it."""
+    data = parse_yaml(read_text(path, "experiment file"), str(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an experiment file is a mapping (name:, trace:, cache:, ...), got "
+                          f"{type(data).__name__}")
+    try:
+        validate_fields("experiment", name=(ExperimentName, data.get("name")))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return data["name"]
+
+
 def resolve_folder(experiment: str | os.PathLike, results: str | os.PathLike = "results") -> Path:
     """The results folder of ``experiment``: a folder with ``runs/`` as is, an experiment YAML file's
     ``results/<its name>``, else ``results/<experiment>`` (a name)."""
     given = Path(experiment)
     if given.suffix in (".yaml", ".yml") and given.is_file():
-        from kvlab.experiment.config import load_experiment  # the schema only (it reads no results)
-
-        return experiment_folder(load_experiment(given).name, results)
+        return experiment_folder(experiment_file_name(given), results)
     if given.is_dir() and (given / RUNS).is_dir():
         return given
     return experiment_folder(str(experiment), results)
