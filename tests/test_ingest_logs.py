@@ -1,4 +1,5 @@
-"""Serving request logs (kvlab.workload.request_log) and KV cache event validation (kvlab.workload.kv_events).
+"""Serving request logs (kvlab.workload.request_log), KV cache events (kvlab.workload.kv_events) and the
+validation of a replay against them (kvlab.replay.kv_validate).
 
 Every file here is written by the test: a request log from a small multi-turn generator, and a KV event
 stream from an independent from-scratch simulation of vLLM's emission rules (a block is stored when it is
@@ -20,7 +21,8 @@ import pytest
 
 from kvlab.errors import ConfigError, TraceFormatError
 from kvlab.replay import ReplayConfig, replay
-from kvlab.workload.kv_events import read_kv_events, record_replay, validate_replay
+from kvlab.replay.kv_validate import record_replay, validate_replay
+from kvlab.workload.kv_events import read_kv_events
 from kvlab.workload.load import load_trace
 from kvlab.workload.registry import detect_format
 from kvlab.workload.request_log import downsample_sessions, load_request_log
