@@ -8,7 +8,7 @@ import pytest
 
 from kvlab.cache import AccessContext, PrefixCache, admission
 from kvlab.errors import CapacityError, ConfigError
-from kvlab.policies import make_cache
+from kvlab.policies import make_cache, make_policy
 from kvlab.policies.base import EvictionPolicy
 
 
@@ -230,6 +230,16 @@ def test_bad_config():
         make_cache(4, "nope")
     with pytest.raises(ConfigError, match="counting mode"):
         make_cache(4).max_hit_blocks(10, 2, "sometimes")
+
+
+def test_the_cache_takes_a_policy_object_and_make_cache_a_name():
+    """PrefixCache never looks a policy name up (kvlab.policies sits above it): a name or no policy is one
+    TypeError naming the way; make_cache builds the same cache from a name."""
+    for policy in ("lru", None):
+        with pytest.raises(TypeError, match="make_policy"):
+            PrefixCache(4, policy, block_size=2)  # type: ignore[arg-type]
+    by_name = make_cache(4, "lru", block_size=2)
+    assert type(by_name.policy).__name__ == type(make_policy("lru")).__name__ and by_name.capacity_blocks == 4
 
 
 def test_old_capacity_keyword_still_works():
