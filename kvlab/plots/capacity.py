@@ -73,8 +73,9 @@ def draw_series(ax: Axes, table: pd.DataFrame, x: str, metric: str, hue: str, *,
 
 
 def legend_below(ax: Axes) -> object:
-    """The axes' legend below the figure's panels (outside the data, in as many columns as fit a column-wide
-    figure: 3), or None when nothing is labelled."""
+    """The axes' legend below the figure's panels (outside the data), in as many columns (3 at most) as fit the
+    figure's width, so long labels never widen a column figure past its print width; None when nothing is
+    labelled."""
     from matplotlib.layout_engine import ConstrainedLayoutEngine
 
     handles, labels = ax.get_legend_handles_labels()
@@ -82,8 +83,14 @@ def legend_below(ax: Axes) -> object:
         return None
     if not isinstance(ax.figure.get_layout_engine(), ConstrainedLayoutEngine):  # "outside" needs it
         return style.legend(ax, outside=True)
-    return ax.figure.legend(handles, labels, loc="outside lower center", ncol=min(3, len(handles)),
-                            frameon=False)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(3, len(handles)), 0, -1):  # the most columns whose row fits the figure's print width
+        leg = fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False)
+        if ncol == 1 or leg.get_window_extent(renderer).width <= fig.bbox.width:
+            return leg
+        leg.remove()
+    return None  # not reached: one column is always kept
 
 
 def plot_hit_rate_vs_capacity(
@@ -135,5 +142,5 @@ def plot_hit_rate_vs_capacity(
     ax.grid(alpha=0.3)
     legend_below(ax)
     if title:
-        ax.set_title(title)
+        style.set_title(ax, title)
     return ax

@@ -50,7 +50,7 @@ def plot_ttft_cdf(requests_by_label: Mapping[str, pd.DataFrame], *, unit: str = 
     ax.set_ylim(0, 1.02)
     legend_below(ax)
     if title:
-        ax.set_title(title)
+        style.set_title(ax, title)
     return ax, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -77,7 +77,7 @@ def plot_ttft_vs_load(table: pd.DataFrame, *, stats: Sequence[str] = ("p50", "p9
     ax.set_ylim(bottom=0)
     legend_below(ax)
     if title:
-        ax.set_title(title)
+        style.set_title(ax, title)
     return ax, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -111,7 +111,7 @@ def plot_memory_timeline(timeseries: pd.DataFrame, *, kv_bytes_per_block: float 
     ax.set_xlim(t[0] if len(t) else 0, t[-1] if len(t) else 1)
     legend_below(ax)  # the areas fill the axes
     if title:
-        ax.set_title(title)
+        style.set_title(ax, title)
     data = pd.DataFrame({"time_s": t, f"running_{unit.lower()}": running, f"evictable_{unit.lower()}": evictable})
     return ax, data
 

@@ -220,6 +220,20 @@ def legend(ax: Axes, *, outside: bool | None = None, **kw: Any) -> Any:
     return ax.legend(loc=loc, **kw)
 
 
+def set_title(ax: Axes, text: str, **kw: Any) -> Any:
+    """``ax.set_title(text)`` with every line wrapped at word boundaries to fit the figure's width (a title wider
+    than its figure would widen the saved file past its print width); returns the Text."""
+    import textwrap
+
+    import matplotlib as mpl
+    from matplotlib.font_manager import FontProperties
+
+    size = FontProperties(size=kw.get("fontsize", mpl.rcParams["axes.titlesize"])).get_size_in_points()
+    most = max(20, int((ax.figure.get_figwidth() - 0.1) * 72 / (0.55 * size)))  # characters: ~0.55 em each
+    lines = [textwrap.fill(line, most) if line else line for line in text.split("\n")]
+    return ax.set_title("\n".join(lines), **kw)
+
+
 def value_ticks(ax: Axes, values: Any, axis: str = "x", most: int = 12) -> None:
     """Ticks at the data's own values (``most`` at most, e.g. the capacities swept) instead of a log axis'
     powers of ten; whole thousands written ``10k``, other values in full."""
@@ -367,4 +381,5 @@ def save(fig: Figure, folder: str | os.PathLike, name: str, data: pd.DataFrame |
 __all__ = ["BASELINE", "COLUMN", "DOUBLE", "DPI", "LINESTYLES", "MARKERS", "MAX_SERIES", "MAX_WIDTH", "MIN_FONT_PT",
            "PALETTE", "POLICY_STYLES", "REST_COLOR", "SAVE_PAD", "SINGLE", "WIDE", "apply", "baseline_style",
            "caption", "caption_markdown", "figure", "figure_folder", "figures_root", "last_problems",
-           "layout_problems", "policy_style", "prepare_figure_folder", "save", "save_names", "series_style"]
+           "layout_problems", "policy_style", "prepare_figure_folder", "save", "save_names", "series_style",
+           "set_title"]

@@ -199,5 +199,5 @@ def plot_tier_breakdown(table: pd.DataFrame, *, label: str | Sequence[str] | Non
     ax.grid(alpha=0.3, axis="y")
     style.legend(ax, loc="upper left", ncol=max(1, len(tiers) + 1))
     if title:
-        ax.set_title(title)
+        style.set_title(ax, title)
     return ax, pd.concat(frames, ignore_index=True)
