@@ -171,6 +171,16 @@ def test_default_stores_are_dram_then_disk_with_a_tier_dir():
     assert default_stores(1, True) == ["disk"] and default_stores(0, True) == []
 
 
+def test_default_stores_follow_each_tiers_medium_by_name():
+    from kvlab.tiers.spec import parse_tier
+
+    nvme_first = [parse_tier("ssd:blocks=64:medium=nvme_gen4", "t"), parse_tier("dram:blocks=64:medium=dram_ddr5", "t")]
+    assert default_stores(nvme_first, True) == ["disk", "dram"]  # the medium decides, not the position
+    assert default_stores(nvme_first, False) == ["dram", "dram"]  # no tier_dir: no disk store
+    plain = [parse_tier("dram:blocks=64", "t"), parse_tier("ssd:blocks=64", "t")]
+    assert default_stores(plain, True) == ["dram", "disk"] == default_stores(2, True)
+
+
 def test_media_named_give_the_same_numbers_whatever_the_medium(model, tmp_path):
     """Named media, the default's names and every other choice serve the same hits (the oracle passes)."""
     base = run_with(model, tmp_path, None)

@@ -27,11 +27,24 @@ from kvlab.errors import ConfigError
 from kvlab.tiers import Tier, TierStack, check_tiers, parse_tier
 from kvlab.tiers.results import tier_columns, tier_summary
 
+MEDIUM_STORES = {"dram": "dram", "nvme": "disk"}
+"""The store of a tier whose ``medium`` (a :mod:`kvlab.tiers.timing` preset name) starts with a key here: host
+memory presets (``dram_ddr5``) in DRAM, NVMe presets (``nvme_gen4``, ``nvme_gen5``) on disk."""
 
-def default_stores(tiers: int, on_disk: bool) -> list[str]:
-    """The media of ``tiers`` tiers when none are named: ``"dram"`` each, the last ``"disk"`` when ``on_disk``
-    (a ``tier_dir`` is given)."""
-    return ["dram"] * (tiers - 1) + ["disk" if on_disk else "dram"] if tiers else []
+
+def default_stores(tiers: int | Sequence[Tier], on_disk: bool) -> list[str]:
+    """The stores of the tiers when none are named. A tier with a ``medium`` gets that medium's store
+    (:data:`MEDIUM_STORES`; on disk only with a ``tier_dir``, ``on_disk``); the others are in DRAM, except that
+    with ``on_disk`` and no tier naming a disk medium the last tier is on disk. ``tiers``: the tiers, or their
+    count (none naming a medium)."""
+    specs = [None] * tiers if isinstance(tiers, int) else list(tiers)
+    media = [next((store for prefix, store in MEDIUM_STORES.items()
+                   if getattr(t, "medium", None) and t.medium.startswith(prefix)), None) for t in specs]
+    if not on_disk:
+        return ["dram"] * len(specs)
+    if specs and "disk" not in media and media[-1] is None:
+        media[-1] = "disk"
+    return [m or "dram" for m in media]
 
 
 def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] | None, *,
@@ -41,7 +54,8 @@ def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] |
     """Tiers ``tiers`` (:class:`Tier` or its ``--tier`` spelling) below ``cache`` (whose block ids are
     ``pool``'s), their bytes in real stores; None without tiers. ``capacity_gib`` tiers are sized with the
     pool's bytes per block. ``stores``: each tier's medium by name (:data:`~kvlab.engine.tiers.store.STORES`,
-    level 1 first); default :func:`default_stores` (DRAM; with ``tier_dir`` the last tier on disk).
+    level 1 first); default :func:`default_stores` (by each tier's ``medium``, else DRAM; with ``tier_dir`` and no
+    disk medium named, the last tier on disk).
     ``tier_dir``: where disk stores keep their files (``fsync``, ``quota_bytes``: their options).
     ``defer``: stores of blocks keyed now wait for ``TierIO.flush`` (the scheduler keys blocks at schedule).
     Every name and rule is checked before any work (ConfigError)."""
@@ -49,7 +63,7 @@ def attach_tiers(cache: PrefixCache, pool: KVPool, tiers: Sequence[Tier | str] |
     if tier_dir is not None and not tiers:
         raise ConfigError("tier_dir needs tiers=[Tier(...)]: it holds the last tier's data")
     check_tiers(tiers, max_load_tokens=max_load_tokens)  # the replay's and simulator's tier rules, before any work
-    media = list(stores) if stores is not None else default_stores(len(tiers), tier_dir is not None)
+    media = list(stores) if stores is not None else default_stores(tiers, tier_dir is not None)
     check_stores(media, [t.name for t in tiers], has_dir=tier_dir is not None)
     if not tiers:
         return None
