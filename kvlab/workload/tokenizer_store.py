@@ -27,6 +27,7 @@ from typing import Any
 from kvlab.errors import ConfigError
 from kvlab.inputs import regular_file
 from kvlab.workload import tokenizer_files  # train_bpe read at call time (tests stand in for it)
+from kvlab.workload._common import sha256_file
 from kvlab.workload.tokenizer_fetch import FETCHABLE
 from kvlab.workload.tokenizer_files import (
     BPE_MIN_FREQUENCY,
@@ -34,7 +35,6 @@ from kvlab.workload.tokenizer_files import (
     BPE_VOCAB_SIZE,
     RECIPE,
     place_new,
-    sha256_file,
     tokenizer_cache_dir,
     tokenizers_lib,
     training_key,
