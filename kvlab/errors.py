@@ -59,3 +59,18 @@ class ResultsError(KvlabError, ValueError):
 class ResultsLocationError(KvlabError, ValueError):
     """An output location is refused before anything is written (not empty and not a kvlab result of
     the right kind, a file, a symbolic link, not writable); the message names the path and what to do."""
+
+
+NEEDS_RUN = "; run: "
+"""The words between the missing names and the commands in :func:`needs_line` (what kvlab.needs parses back)."""
+NEEDS_AND = " && "
+"""The separator of several commands in :func:`needs_line`: one shell line that fetches them all."""
+
+
+def needs_line(names: list[str], commands: list[str], detail: str = "") -> str:
+    """The one line for registry data that is not here: ``needs data that is not here: a, b[ (detail)]; run:
+    kvlab download a && kvlab download b`` (``commands``: each name's ``kvlab download`` command, in order).
+    Notebooks (:mod:`kvlab.needs`) and the text loaders (:mod:`kvlab.workload.sources`) both say it, and
+    ``kvlab figures`` reads the commands back out of it."""
+    where = f" ({detail})" if detail else ""
+    return f"needs data that is not here: {', '.join(names)}{where}{NEEDS_RUN}{NEEDS_AND.join(commands)}"

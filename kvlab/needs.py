@@ -14,17 +14,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvlab.errors import KvlabError
-
-#: the words between the missing names and the commands in :func:`needs_line` (what :func:`commands_in` parses)
-RUN = "; run: "
-#: the separator of several commands in :func:`needs_line`: one shell line that fetches them all
-AND = " && "
+from kvlab.errors import NEEDS_AND as AND
+from kvlab.errors import NEEDS_RUN as RUN
+from kvlab.errors import KvlabError, needs_line
 
 
 class DataNeeded(KvlabError, RuntimeError):
     """Registry data a notebook needs is not here. ``names``: the missing registry names; ``commands``: the
-    ``kvlab download`` command of each, in the same order. The message is one line (:func:`needs_line`)."""
+    ``kvlab download`` command of each, in the same order. The message is one line
+    (:func:`kvlab.errors.needs_line`)."""
 
     def __init__(self, names: list[str], commands: list[str]) -> None:
         self.names = list(names)
@@ -34,11 +32,6 @@ class DataNeeded(KvlabError, RuntimeError):
     def _render_traceback_(self) -> list[str]:
         """What IPython shows for this error (instead of a traceback): the one line."""
         return [f"{type(self).__name__}: {self}"]
-
-
-def needs_line(names: list[str], commands: list[str]) -> str:
-    """``needs data that is not here: a, b; run: kvlab download a && kvlab download b``."""
-    return f"needs data that is not here: {', '.join(names)}{RUN}{AND.join(commands)}"
 
 
 def commands_in(text: str) -> list[str]:

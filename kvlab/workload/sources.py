@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kvlab.errors import ConfigError, TraceFormatError
+from kvlab.errors import ConfigError, TraceFormatError, needs_line
 from kvlab.workload._common import describe, iter_json_lines, one_line, parse_json_text, read_trace_bytes
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -298,9 +298,9 @@ def missing_corpora_line(names: list[str]) -> str:
     ``needs data that is not here: ...; run: ...`` shape that ``kvlab figures`` reads back)."""
     from kvlab.workload.registry import download_command
 
-    return (f"needs data that is not here: {', '.join(names)} (text {'corpora' if len(names) > 1 else 'corpus'}: "
-            "searched traces/, $KVLAB_TRACE_DIRS, the download cache, ../shared/traces)"
-            f"; run: {' && '.join(download_command(n) for n in names)}")
+    return needs_line(names, [download_command(n) for n in names],
+                      f"text {'corpora' if len(names) > 1 else 'corpus'}: searched traces/, $KVLAB_TRACE_DIRS, "
+                      "the download cache, ../shared/traces")
 
 
 def corpus_path(name: str) -> Path:
